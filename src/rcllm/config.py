@@ -1,0 +1,175 @@
+"""Configuration: frozen dataclasses, loaded from YAML with dotted overrides, validated here.
+
+`load(RcllmConfig, "cfg.yaml", ["reuse.item_ratio=0.3"])` reads the YAML file (optional),
+applies `--set section.field=value` overrides, converts values to the annotated field types and
+validates. Any other frozen-dataclass tree (the simulator's, say) can use `load` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import yaml
+
+from .errors import RcllmError
+
+METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""          # GGUF file or HF safetensors folder; "" = the bundled SmolLM2-135M
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "cpu"     # cpu | cuda | cuda:N
+    threads: int = 2        # torch intra-op threads on CPU (0 = leave torch's default)
+    cache_dir: str = ""     # where converted weights live; "" = $RCLLM_CACHE or ~/.cache/rcllm
+
+    def validate(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise RcllmError(f"model.dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise RcllmError(f"model.device must be cpu or cuda[:N], not {self.device!r}")
+        if self.threads < 0:
+            raise RcllmError("model.threads must be >= 0")
+
+
+@dataclass(frozen=True)
+class ReuseConfig:
+    method: str = "rcllm"        # one of METHODS
+    item_ratio: float = 0.3      # fraction of reused item tokens recomputed (cacheblend uses it too)
+    history_ratio: float = 0.3   # fraction of reused history tokens recomputed
+    window: int = 4              # rcllm: first tokens of each chunk always recomputed
+    epic_k: int = 16             # epic: first k tokens of each chunk recomputed
+    attention_weight: float = 1.0  # rcllm: weight of layer-0 attention mass vs deviation
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise RcllmError(f"reuse.method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        for name in ("item_ratio", "history_ratio"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise RcllmError(f"reuse.{name} must be within [0, 1], got {v}")
+        if self.window < 0 or self.epic_k < 0:
+            raise RcllmError("reuse.window and reuse.epic_k must be >= 0")
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    max_candidates: int = 20     # labels (A)..(T)
+    history_window: int = 10     # most recent reviews used
+    max_review_tokens: int = 96  # a review longer than this is cut (documented truncation)
+    max_item_tokens: int = 96    # item text longer than this is cut
+
+    def validate(self) -> None:
+        if not 1 <= self.max_candidates <= 26:
+            raise RcllmError("prompt.max_candidates must be within 1..26 (labels A..Z)")
+        if self.history_window < 0:
+            raise RcllmError("prompt.history_window must be >= 0")
+
+
+@dataclass(frozen=True)
+class RcllmConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    reuse: ReuseConfig = field(default_factory=ReuseConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+
+    def validate(self) -> None:
+        self.model.validate()
+        self.reuse.validate()
+        self.prompt.validate()
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise RcllmError(f"{where} must be a mapping")
+        return _build(tp, value, where)
+    try:
+        if tp is bool and isinstance(value, str):
+            low = value.lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return low in ("true", "1", "yes")
+        if tp in (int, float, str, bool):
+            return tp(value)
+    except (TypeError, ValueError):
+        raise RcllmError(f"{where} expects {tp.__name__}, got {value!r}") from None
+    return value
+
+
+def _build(cls: type, data: dict, where: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise RcllmError(f"unknown option {where + '.' if where else ''}{sorted(unknown)[0]}; "
+                         f"known: {', '.join(sorted(names))}")
+    kwargs = {k: _convert(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _as_dict(obj: Any) -> dict:
+    return {f.name: (_as_dict(getattr(obj, f.name))
+                     if dataclasses.is_dataclass(getattr(obj, f.name)) else getattr(obj, f.name))
+            for f in dataclasses.fields(obj)}
+
+
+def _set_dotted(tree: dict, dotted: str, raw: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            raise RcllmError(f"unknown option section {p!r} in --set {dotted}")
+        node = node[p]
+    if parts[-1] not in node:
+        raise RcllmError(f"unknown option {dotted!r}")
+    node[parts[-1]] = yaml.safe_load(raw) if raw != "" else ""
+
+
+def load(cls: type, path: str | None = None, overrides: Sequence[str] = ()) -> Any:
+    """Builds `cls` from defaults, then the YAML file at `path`, then `key=value` overrides."""
+    tree = _as_dict(cls())
+    if path:
+        if not os.path.exists(path):
+            raise RcllmError(f"config file not found: {path}")
+        with open(path, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh) or {}
+        if not isinstance(loaded, dict):
+            raise RcllmError(f"config file {path} must hold a mapping at top level")
+        for key, value in _flatten(loaded):
+            _set_dotted(tree, key, yaml.safe_dump(value))
+    for item in overrides:
+        if "=" not in item:
+            raise RcllmError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), raw.strip())
+    cfg = _build(cls, tree)
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _flatten(v, key + ".")
+        else:
+            yield key, v
+
+
+def describe(cls: type, prefix: str = "") -> list[str]:
+    """One line per option with its default, for `--help`."""
+    lines = []
+    inst = cls()
+    for f in dataclasses.fields(cls):
+        v = getattr(inst, f.name)
+        if dataclasses.is_dataclass(v):
+            lines += describe(type(v), f"{prefix}{f.name}.")
+        else:
+            lines.append(f"  {prefix}{f.name} = {v!r}")
+    return lines

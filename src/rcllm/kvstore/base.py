@@ -1,0 +1,122 @@
+"""Position-independent KV chunks, their content keys, and the store interface.
+
+A chunk's keys are stored *before* RoPE, so the same entry serves the chunk at any position:
+the runner rotates them to wherever the chunk lands in a prompt. The key of an entry is a hash
+of (model fingerprint, chunk kind, token ids): a model update (new fingerprint) can never be
+served stale KV, and the same text at another position hits the same entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import NewType, Protocol, Sequence
+
+import torch
+
+ChunkKey = NewType("ChunkKey", str)
+
+
+def chunk_key(fingerprint: str, kind: str, token_ids: Sequence[int]) -> ChunkKey:
+    h = hashlib.sha256()
+    h.update(fingerprint.encode())
+    h.update(b"\0" + kind.encode() + b"\0")
+    h.update(",".join(map(str, token_ids)).encode())
+    return ChunkKey(h.hexdigest())
+
+
+@dataclass(frozen=True)
+class ChunkKV:
+    """KV of one chunk for every layer.
+
+    k, v: [L, H_kv, T, D]; k is pre-RoPE (after q/k-norm where the model has it).
+    token_ids: the T token ids the KV was computed from (checked on use).
+    """
+
+    token_ids: tuple[int, ...]
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+class KVStore(Protocol):
+    """What the engine needs from any store or tier.
+
+    get() returns None on a miss (never raises for a missing key); put() may evict other
+    entries to stay within the store's byte budget; an entry larger than the budget is not
+    stored. Entries are immutable once stored: callers must not modify returned tensors.
+    """
+
+    def get(self, key: ChunkKey) -> ChunkKV | None: ...
+    def put(self, key: ChunkKey, value: ChunkKV) -> None: ...
+    def contains(self, key: ChunkKey) -> bool: ...
+    @property
+    def nbytes(self) -> int: ...
+    def __len__(self) -> int: ...
+    def check_invariants(self) -> None: ...
+
+
+class MemoryLRUStore:
+    """Process-memory store, least-recently-used eviction by bytes. Thread-safe."""
+
+    def __init__(self, capacity_bytes: int = 8 << 30):
+        if capacity_bytes <= 0:
+            raise ValueError("capacity_bytes must be positive")
+        self.capacity_bytes = capacity_bytes
+        self._entries: OrderedDict[ChunkKey, ChunkKV] = OrderedDict()
+        self._nbytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def get(self, key: ChunkKey) -> ChunkKV | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, key: ChunkKey, value: ChunkKV) -> None:
+        size = value.nbytes
+        if size > self.capacity_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._nbytes -= old.nbytes
+            while self._entries and self._nbytes + size > self.capacity_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._nbytes -= evicted.nbytes
+                self.evictions += 1
+            self._entries[key] = value
+            self._nbytes += size
+
+    def contains(self, key: ChunkKey) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def check_invariants(self) -> None:
+        with self._lock:
+            total = sum(e.nbytes for e in self._entries.values())
+            assert total == self._nbytes, f"byte accounting off: {total} != {self._nbytes}"
+            assert self._nbytes <= self.capacity_bytes, "store over its byte budget"
