@@ -1,0 +1,99 @@
+"""Helpers shared by the loaders: token estimates, HTML cleanup, safe JSON-lines reading.
+
+Reading contract (`iter_json_lines`): every non-blank line must be a JSON object. A line that
+is not valid UTF-8 or not valid JSON (e.g. a truncated last line) raises `RcllmError` naming
+the file and the 1-based line number, unless `on_error="skip"`, in which case it is counted in
+`skipped` under "bad_encoding" / "bad_json" / "not_an_object". Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+from rcllm.errors import RcllmError
+
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+_TAG_RE = re.compile(r"<[^>]*>?")
+_SPACE_RE = re.compile(r"\s+")
+ON_ERROR = ("raise", "skip")
+
+
+def approx_tokens(text: str) -> int:
+    """Words plus punctuation marks: a tokenizer-free estimate of BPE tokens for English text."""
+    return len(_TOKEN_RE.findall(text))
+
+
+def clean_text(text: str) -> str:
+    """Strips HTML tags (also an unterminated trailing one), unescapes entities, collapses space."""
+    return _SPACE_RE.sub(" ", html.unescape(_TAG_RE.sub(" ", text))).strip()
+
+
+def truncate_words(text: str, max_words: int | None) -> str:
+    """First max_words words of text, with '…' appended when something was cut."""
+    if max_words is None:
+        return text
+    words = text.split(" ")
+    return text if len(words) <= max_words else " ".join(words[:max_words]) + " …"
+
+
+def require_file(path: str | os.PathLike, what: str) -> Path:
+    """The path as a Path, or RcllmError saying which file is missing."""
+    p = Path(path)
+    if not p.is_file():
+        raise RcllmError(f"{what} not found: {p}")
+    return p
+
+
+def check_on_error(on_error: str) -> None:
+    if on_error not in ON_ERROR:
+        raise RcllmError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+
+
+def _raw_lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"  # gzip magic, whatever the suffix says
+    try:
+        with (gzip.open(path, "rb") if gz else path.open("rb")) as fh:
+            yield from fh
+    except (OSError, EOFError) as exc:  # corrupt or truncated gzip stream
+        raise RcllmError(f"{path}: cannot read ({exc})") from exc
+
+
+def iter_json_lines(path: Path, skipped: Counter, on_error: str = "raise"
+                    ) -> Iterator[tuple[int, dict]]:
+    """Yields (line number, object) for each JSON object line of a plain or gzip file."""
+    check_on_error(on_error)
+    for lineno, raw in enumerate(_raw_lines(path), start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if on_error == "skip":
+                skipped["bad_encoding"] += 1
+                continue
+            raise RcllmError(f"{path}:{lineno}: not UTF-8 (byte {raw[exc.start]:#04x} at column "
+                             f"{exc.start + 1}); re-encode the file as UTF-8 or pass "
+                             f"on_error='skip'") from exc
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if on_error == "skip":
+                skipped["bad_json"] += 1
+                continue
+            raise RcllmError(f"{path}:{lineno}: invalid JSON ({exc.msg} at column {exc.colno}); "
+                             f"a truncated file? pass on_error='skip' to count and skip "
+                             f"such lines") from exc
+        if not isinstance(obj, dict):
+            if on_error == "skip":
+                skipped["not_an_object"] += 1
+                continue
+            raise RcllmError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
