@@ -1,0 +1,72 @@
+"""Starts a private, throw-away redis-server on a free loopback port (tests and benchmarks).
+
+No persistence (`--save '' --appendonly no`), bound to 127.0.0.1 only. `redis_server_path()`
+is None when the binary is absent, so callers can skip cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+from ..errors import RcllmError
+
+
+def redis_server_path() -> str | None:
+    return shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """Context manager: `with RedisServer() as srv: RedisStore(port=srv.port)`.
+
+    start() waits (≤ start_timeout_s) until the server answers PING; stop() kills it (SIGKILL
+    by default, which is what a crash looks like to clients)."""
+
+    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0):
+        self.port = port or free_port()
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RedisServer":
+        binary = redis_server_path()
+        if binary is None:
+            raise RcllmError("redis-server not found; install it (apt-get install redis-server)")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RcllmError(f"redis-server exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RcllmError(f"redis-server did not start on port {self.port}")
+
+    def stop(self, graceful: bool = False) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate() if graceful else self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
