@@ -1,0 +1,1 @@
+"""Sparse prefix checkpoints for recurrent and hybrid models (PAPERS.md §3)."""
