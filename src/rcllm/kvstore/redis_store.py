@@ -39,7 +39,7 @@ class RedisStore:
         self.ttl_ms = int(ttl_s * 1000) if ttl_s else None
         self.client = redis.Redis(host=host, port=port, socket_timeout=socket_timeout_s,
                                   socket_connect_timeout=socket_timeout_s,
-                                  retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+                                  retry=Retry(NoBackoff(), 0))
         self._index: dict[ChunkKey, int] = {}
         self._nbytes = 0
         self._lock = threading.Lock()

@@ -1,0 +1,82 @@
+import time
+
+from kv_helpers import make_entry, same
+
+from rcllm.kvstore.base import ChunkKV, MemoryLRUStore
+from rcllm.kvstore.codec import encode_checked
+from rcllm.kvstore.redis_server import free_port
+from rcllm.kvstore.redis_store import RedisStore
+from rcllm.kvstore.tiered import TieredStore
+
+
+def test_put_get_and_validation(redis_server, check):
+    store = RedisStore(port=redis_server.port, check=check)
+    key, kv = make_entry(0)
+    store.put(key, kv)
+    assert same(store.get(key), kv) and store.contains(key)
+    assert len(store) == 1 and store.nbytes > kv.nbytes
+    data = bytearray(encode_checked(key, kv, "raw", check))
+    data[-1] ^= 0x10
+    store.put_raw(key, bytes(data))
+    assert store.get(key) is None and store.corrupt == 1
+    assert not store.contains(key)  # the corrupt entry was deleted
+    store.check_invariants()
+    store.close()
+
+
+def test_unreachable_redis_is_a_counted_miss(check):
+    store = RedisStore(port=free_port(), check=check, socket_timeout_s=0.1, retry_after_s=60)
+    key, kv = make_entry(1)
+    store.put(key, kv)               # dropped, counted
+    assert store.get(key) is None    # circuit open: no second timeout
+    assert store.errors == 1 and store.skipped >= 1
+    store.check_invariants()
+
+
+def test_killed_mid_run_tiered_store_keeps_working(redis_server, check):
+    redis = RedisStore(port=redis_server.port, check=check, socket_timeout_s=0.2,
+                       retry_after_s=0.05)
+    store = TieredStore(MemoryLRUStore(capacity_bytes=1 << 20), [redis])
+    computed = []
+
+    def compute(kv: ChunkKV):
+        def fn():
+            computed.append(kv.token_ids)
+            return kv
+        return fn
+
+    before = [make_entry(i) for i in range(4)]
+    for key, kv in before:
+        assert same(store.get_or_compute(key, compute(kv)), kv)
+    store.flush()
+    assert len(computed) == 4 and len(redis) == 4
+    store.memory = MemoryLRUStore(capacity_bytes=1 << 20)  # a fresh process: only Redis has them
+    assert same(store.get(before[0][0]), before[0][1]) and store.hits_by_tier[1] == 1
+
+    redis_server.stop()  # SIGKILL, as in a crash
+    after = [make_entry(10 + i) for i in range(4)]
+    for key, kv in after + before[1:]:
+        time.sleep(0.06)  # let the circuit close again so every call really hits the dead server
+        assert same(store.get_or_compute(key, compute(kv)), kv)
+    store.flush()
+    assert len(computed) == 4 + 4 + 3  # everything Redis held is recomputed, nothing fails
+    assert redis.errors >= 1 and store.write_errors == 0
+    store.check_invariants()
+    store.close()
+
+
+def test_slow_redis_times_out_into_a_miss(check):
+    """A server that accepts connections but never answers: reads hit the socket timeout."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        store = RedisStore(port=silent.getsockname()[1], check=check, socket_timeout_s=0.1,
+                           retry_after_s=60)
+        tiered = TieredStore(MemoryLRUStore(capacity_bytes=1 << 20), [store])
+        key, kv = make_entry(7)
+        assert tiered.get(key) is None and store.errors == 1
+        assert same(tiered.get_or_compute(key, lambda: kv), kv)
+        tiered.close()
+        assert store.skipped >= 1 and tiered.computes == 1
