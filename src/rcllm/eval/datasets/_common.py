@@ -97,3 +97,41 @@ def iter_json_lines(path: Path, skipped: Counter, on_error: str = "raise"
                 continue
             raise RcllmError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
+
+
+def find_file(folder: Path, names: list[str], what: str) -> Path:
+    """The first of `names` that exists in `folder`, or RcllmError listing what was tried."""
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise RcllmError(f"{what} not found in {folder}: tried {', '.join(names)}")
+
+
+def first_sentence(text: str, max_words: int = 12) -> str:
+    """The first sentence of text (split at '. ', '! ', '? '), cut to max_words words."""
+    cut = len(text)
+    for mark in (". ", "! ", "? "):
+        pos = text.find(mark)
+        if 0 <= pos < cut:
+            cut = pos + 1
+    return truncate_words(text[:cut].strip(), max_words)
+
+
+def text_list(value: object) -> str:
+    """A string or a list of strings (as in Amazon metadata), cleaned and joined by spaces."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return " ".join(t for t in (clean_text(v) for v in value if isinstance(v, str)) if t)
+    return ""
+
+
+def as_float(value: object) -> float | None:
+    """A finite float from a number or numeric string, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return out if out == out and abs(out) != float("inf") else None

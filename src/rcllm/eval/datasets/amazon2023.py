@@ -1,0 +1,100 @@
+"""Amazon Reviews 2023 (McAuley Lab): `<Category>.jsonl[.gz]` + `meta_<Category>.jsonl[.gz]`.
+
+`path` is a folder (with the `category` option, e.g. "All_Beauty") or a review file (its
+metadata is looked up next to it as `meta_<name>`, or given as `meta_path`).
+
+Field mapping: user = `user_id`, item = `parent_asin` (falls back to `asin`; metadata is keyed
+by `parent_asin`), rating = `rating`, timestamp = `timestamp` // 1000 (the files use
+milliseconds), review = `text` (falls back to the review's `title`). Item: title = `title`
+(fallback `store` + the description's first sentence, then "Amazon item <id>"), description =
+`description` list (fallback `features`), cut to `max_description_words`; category =
+`categories` joined with " > " (fallback `main_category`).
+
+Skips: "missing_field:<name>" for user_id/parent_asin/rating/timestamp, "bad_value:<name>"
+for non-numeric rating or timestamp, plus the `_builder` rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rcllm.errors import RcllmError
+from rcllm.records import Dataset, Item, ItemId
+
+from ._builder import DatasetBuilder
+from ._common import (as_float, check_on_error, clean_text, find_file, first_sentence,
+                      iter_json_lines, text_list, truncate_words)
+
+
+def _files(path: str, category: str | None, meta_path: str | None) -> tuple[Path, Path, str]:
+    p = Path(path)
+    if p.is_dir():
+        if not category:
+            raise RcllmError(f"{p} is a folder: pass the category option (e.g. "
+                             f"category='All_Beauty') or a review file")
+        reviews = find_file(p, [f"{category}.jsonl", f"{category}.jsonl.gz"],
+                            f"{category} review file")
+    elif p.is_file():
+        reviews, category = p, category or p.name.split(".")[0]
+    else:
+        raise RcllmError(f"Amazon 2023 data not found: {p}")
+    if meta_path:
+        meta = Path(meta_path)
+        if not meta.is_file():
+            raise RcllmError(f"metadata file not found: {meta}")
+    else:
+        meta = find_file(reviews.parent, [f"meta_{category}.jsonl", f"meta_{category}.jsonl.gz"],
+                         f"metadata for {category}")
+    return reviews, meta, category
+
+
+def _item(row: dict, item_id: str, max_description_words: int | None) -> Item:
+    description = text_list(row.get("description")) or text_list(row.get("features"))
+    title = clean_text(row["title"]) if isinstance(row.get("title"), str) else ""
+    if not title:
+        store = clean_text(row["store"]) if isinstance(row.get("store"), str) else ""
+        parts = [t for t in (store, first_sentence(description)) if t]
+        title = " — ".join(parts) if parts else f"Amazon item {item_id}"
+    cats = [clean_text(c) for c in row.get("categories") or [] if isinstance(c, str)]
+    category = " > ".join(dict.fromkeys(c for c in cats if c))
+    if not category and isinstance(row.get("main_category"), str):
+        category = clean_text(row["main_category"])
+    return Item(ItemId(item_id), title, truncate_words(description, max_description_words),
+                category)
+
+
+def load(path: str, *, category: str | None = None, meta_path: str | None = None,
+         max_description_words: int | None = 100, on_error: str = "raise",
+         max_lines: int | None = None, keep_unused_items: bool = False) -> Dataset:
+    """Loads one Amazon 2023 category (see the module docstring for mapping and skips)."""
+    check_on_error(on_error)
+    reviews, meta, category = _files(path, category, meta_path)
+    b = DatasetBuilder(f"amazon2023-{category}")
+    for lineno, row in iter_json_lines(reviews, b.skipped, on_error):
+        if max_lines is not None and lineno > max_lines:
+            break
+        item = row.get("parent_asin") or row.get("asin")
+        missing = next((f for f, v in (("user_id", row.get("user_id")), ("parent_asin", item),
+                                       ("rating", row.get("rating")),
+                                       ("timestamp", row.get("timestamp"))) if v in (None, "")),
+                       None)
+        if missing:
+            b.skip(f"missing_field:{missing}")
+            continue
+        rating, ts_ms = as_float(row["rating"]), as_float(row["timestamp"])
+        if rating is None or ts_ms is None:
+            b.skip("bad_value:rating" if rating is None else "bad_value:timestamp")
+            continue
+        text = row.get("text") or row.get("title") or ""
+        b.add_interaction(str(row["user_id"]), str(item), rating,
+                          clean_text(text) if isinstance(text, str) else "", int(ts_ms) // 1000)
+    wanted = None if keep_unused_items else b.interacted_items()
+    for _, row in iter_json_lines(meta, b.skipped, on_error):
+        item_id = row.get("parent_asin") or row.get("asin")
+        if not item_id:
+            b.skip("missing_field:parent_asin")
+        elif wanted is not None and str(item_id) not in wanted:
+            b.skip("item_without_interactions")
+        else:
+            b.add_item(_item(row, str(item_id), max_description_words))
+    return b.build(keep_unused_items)
