@@ -1,0 +1,124 @@
+"""Routing policies: plain objects that pick an instance for a request.
+
+Each policy has `name` and `choose(request, cluster) -> instance index`; it reads the cluster
+view and never mutates it. The same objects drive the simulator and a real router.
+
+- round-robin: instances in turn, blind to load and caches.
+- load-only (least-loaded): the least outstanding work; misses caches.
+- hit-only (most-hits): the most local item tokens; piles requests onto hot nodes.
+- affinity (RcLLM): maximise hit_rate^w_hit · idleness^w_idle, idleness = 1 / (1 + outstanding
+  / this request's service time at its best-hit instance). w_idle = 0 is hit-only, w_hit = 0 is load-only.
+- cost: the lowest TTFT estimated by the cost model (queue wait + service on that instance).
+Ties go to the lower outstanding work, then the lower index (np.argmin/argmax order).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import RcllmError
+from .cost import CostModel
+from .views import ClusterView, RoutingRequest
+
+POLICIES = ("round-robin", "load-only", "hit-only", "affinity", "cost")
+
+
+class RoutingPolicy(Protocol):
+    name: str
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        """Index of the instance that should serve `request`."""
+        ...
+
+
+class RoundRobin:
+    """Instances in turn. Holds its own counter (one policy object per router)."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        k = self._next % cluster.num_instances
+        self._next = k + 1
+        return k
+
+
+class LoadOnly:
+    """The instance with the least outstanding work (Load-Only)."""
+
+    name = "load-only"
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        return int(np.argmin(cluster.outstanding_ms))
+
+
+def _argmax_then_least_loaded(score: np.ndarray, cluster: ClusterView) -> int:
+    best = np.flatnonzero(score >= score.max() - 1e-12 * max(1.0, abs(score.max())))
+    return int(best[np.argmin(cluster.outstanding_ms[best])])
+
+
+class HitOnly:
+    """The instance holding the most of the request's item tokens (Hit-Only)."""
+
+    name = "hit-only"
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        local = cluster.locality.local_tokens(request.items, request.item_tokens)
+        return _argmax_then_least_loaded(local, cluster)
+
+
+class Affinity:
+    """RcLLM's affinity score: expected item hit rate × idleness, with weights as exponents."""
+
+    name = "affinity"
+
+    def __init__(self, cost: CostModel, w_hit: float = 1.0, w_idle: float = 4.0) -> None:
+        if w_hit < 0 or w_idle < 0:
+            raise RcllmError("affinity weights must be >= 0")
+        self.cost = cost
+        self.w_hit = w_hit
+        self.w_idle = w_idle
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        total = max(float(request.shape.item_tokens), 1.0)
+        local = cluster.locality.local_tokens(request.items, request.item_tokens)
+        hit_rate = local / total
+        # idleness in units of this request's own service time at its best instance
+        ref_ms = float(self.cost.service_ms(self.cost.work(request.shape, local.max())))
+        idleness = 1.0 / (1.0 + cluster.outstanding_ms / ref_ms)
+        score = (hit_rate + 1e-3) ** self.w_hit * idleness ** self.w_idle
+        return _argmax_then_least_loaded(score, cluster)
+
+
+class CostBased:
+    """The instance with the lowest estimated TTFT under the cost model."""
+
+    name = "cost"
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        local = cluster.locality.local_tokens(request.items, request.item_tokens)
+        ttft = self.cost.ttft_ms(request.shape, local, cluster.outstanding_ms)
+        return int(np.argmin(ttft))
+
+
+def make_policy(name: str, cost: CostModel, w_hit: float = 1.0,
+                w_idle: float = 4.0) -> RoutingPolicy:
+    """A fresh policy object by name (one of POLICIES)."""
+    if name == "round-robin":
+        return RoundRobin()
+    if name == "load-only":
+        return LoadOnly()
+    if name == "hit-only":
+        return HitOnly()
+    if name == "affinity":
+        return Affinity(cost, w_hit, w_idle)
+    if name == "cost":
+        return CostBased(cost)
+    raise RcllmError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
