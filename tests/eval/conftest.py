@@ -16,3 +16,23 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def write_jsonl(path: Path, rows: list, gz: bool = False) -> Path:
+    """Writes rows (dicts, or raw strings written as-is) as JSON lines; gzip if gz."""
+    import gzip
+    import json
+
+    text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def jsonl():
+    """The write_jsonl helper, as a fixture so test modules need no imports from here."""
+    return write_jsonl
