@@ -6,8 +6,9 @@ view and never mutates it. The same objects drive the simulator and a real route
 - round-robin: instances in turn, blind to load and caches.
 - load-only (least-loaded): the least outstanding work; misses caches.
 - hit-only (most-hits): the most local item tokens; piles requests onto hot nodes.
-- affinity (RcLLM): maximise hit_rate^w_hit · idleness^w_idle, idleness = 1 / (1 + outstanding
-  / this request's service time at its best-hit instance). w_idle = 0 is hit-only, w_hit = 0 is load-only.
+- affinity (RcLLM): maximise hit_rate^w_hit · idleness^w_idle with idleness =
+  1 / (1 + outstanding / this request's service at its best-hit instance). w_idle = 0 is
+  hit-only, w_hit = 0 is load-only; the default w_idle = 4 comes from a sweep (simulator.md).
 - cost: the lowest TTFT estimated by the cost model (queue wait + service on that instance).
 Ties go to the lower outstanding work, then the lower index (np.argmin/argmax order).
 """

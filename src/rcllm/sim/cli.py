@@ -1,0 +1,143 @@
+"""`rcllm sim ...` and `rcllm bench sim`: experiments, validation, profiles, speed.
+
+  rcllm sim run cdf|scaling|policy|ratio|all [--out DIR] [--requests N] [--profile P]
+                [--placement community|hash|metis] [--load L] [--data PATH --format FMT]
+  rcllm sim validate --bench-json PATH [--json OUT]
+  rcllm sim profiles [--vidur-dir DIR]
+  rcllm sim bench [--requests N] [--instances K]        (also: rcllm bench sim)
+Reports follow rcllm.report's contract; schemas are in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from ..report import markdown_table, write_report
+
+EXPERIMENTS = ("cdf", "scaling", "policy", "ratio")
+COLUMNS = {
+    "cdf": ["method", "instances", "qps", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
+            "mean_item_hit_rate", "p50_speedup_vs_prefix", "p99_speedup_vs_prefix"],
+    "scaling": ["instances", "qps", "prefix_p50_ms", "rcllm_p50_ms", "prefix_p99_ms",
+                "rcllm_p99_ms", "rcllm_hit_rate", "p50_speedup", "p99_speedup"],
+    "policy": ["load_vs_prefix", "qps", "policy", "mean_ttft_ms", "p99_ttft_ms", "hit_rate",
+               "max_instance_share"],
+    "ratio": ["ratio", "qps", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_ttft_ms"],
+}
+
+
+def _workload(args):
+    from .traces import trace_workload
+    from .workload import SyntheticSpec, synthetic_workload
+    if args.data or args.format:
+        return trace_workload(args.data or "", args.format or "amazon2018",
+                              num_requests=args.requests, seed=args.seed)
+    return synthetic_workload(SyntheticSpec(num_items=args.items, num_requests=args.requests,
+                                            seed=args.seed))
+
+
+def _run(args) -> int:
+    from . import experiments as ex
+    from .plots import plot
+    wl = _workload(args)
+    placement = args.placement or ("metis" if wl.community is None else "community")
+    sc = ex.Scenario(profile=args.profile, placement=placement, load=args.load, seed=args.seed,
+                     item_ratio=args.item_ratio, history_ratio=args.history_ratio)
+    funcs = {"cdf": ex.cdf_experiment, "scaling": ex.scaling_experiment,
+             "policy": ex.policy_experiment, "ratio": ex.ratio_experiment}
+    os.makedirs(args.out, exist_ok=True)
+    for name in EXPERIMENTS if args.experiment == "all" else (args.experiment,):
+        rows, series = funcs[name](wl, sc)
+        config = {**dataclasses.asdict(sc), "workload": wl.name, "requests": wl.num_requests}
+        summary = {"series": {k: {"x": v[0], "y": v[1]} for k, v in series.items()}}
+        base = os.path.join(args.out, f"sim_{name}")
+        write_report(base + ".json", f"sim.{name}", config, rows, summary)
+        plot(name, series, base + ".png", f"{wl.name}, {sc.profile}, {placement}")
+        table = markdown_table(rows, COLUMNS[name])
+        with open(base + ".md", "w", encoding="utf-8") as fh:
+            fh.write(f"# sim {name}: {wl.name}, {sc.profile}, placement {placement}\n\n{table}\n")
+        print(f"## {name}\n{table}\n(wrote {base}.json/.png/.md)\n")
+    return 0
+
+
+def _validate(args) -> int:
+    from ..schedule.validate import load_bench_requests, validate
+    rows, summary = validate(load_bench_requests(args.bench_json), seed=args.seed)
+    print(markdown_table(rows, ["fit", "method", "n_fit", "n_test", "median_rel_err",
+                                "p90_rel_err", "measured_p50_ms", "predicted_p50_ms"]))
+    print(f"worst median relative error: joint fit {summary['worst_median_rel_err_joint_fit']:.3f}"
+          f", per-method fit {summary['worst_median_rel_err_per_method_fit']:.3f} "
+          f"(target <= {summary['target']})")
+    if args.json:
+        write_report(args.json, "sim.validate", {"bench_json": args.bench_json,
+                                                 "seed": args.seed}, rows, summary)
+    return 0
+
+
+def _profiles(args) -> int:
+    from ..schedule.vidur_fit import BAKED, builtin_profile, fit_all
+    rows = []
+    fitted = fit_all(args.vidur_dir) if os.path.isdir(args.vidur_dir) else {}
+    for key in BAKED:
+        p = fitted[key][1] if key in fitted else builtin_profile(key)
+        rows.append({"profile": key, "source": "fitted" if key in fitted else "baked",
+                     "efficiency": fitted[key][0].efficiency if key in fitted else BAKED[key][0],
+                     "fixed_ms": p.fixed_ms, "ms_per_token": p.ms_per_token,
+                     "prefill_2048_ms": p.full_prefill_ms(2048),
+                     "kv_bytes_per_token": p.model.kv_bytes_per_token})
+    print(markdown_table(rows, list(rows[0])))
+    return 0
+
+
+def _bench(args) -> int:
+    from .bench import bench_routing, bench_simulator
+    sim = bench_simulator(args.requests, args.instances, args.seed)
+    print(f"simulator: {sim['requests']} requests over {sim['instances']} instances in "
+          f"{sim['wall_s']:.2f} s ({sim['requests_per_s']:.0f} requests/s; target <= 30 s "
+          f"for 100k/40)")
+    route = bench_routing(100, 2000, args.seed)
+    print("routing decision at 100 instances, 20 candidates (target <= 100 us): "
+          + ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in route.items()))
+    return 0
+
+
+def _add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=100_000)
+    p.add_argument("--instances", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_bench)
+
+
+def register(top, bench) -> None:
+    sim = top.add_parser("sim", help="cluster simulator: experiments, validation, speed")
+    sub = sim.add_subparsers(dest="sim_command", metavar="SIM")
+    sim.set_defaults(func=lambda _a: (sim.print_help(), 2)[1])
+    run = sub.add_parser("run", help="run a paper experiment; writes JSON + PNG + markdown")
+    run.add_argument("experiment", choices=EXPERIMENTS + ("all",))
+    run.add_argument("--out", default="sim-out")
+    run.add_argument("--requests", type=int, default=10_000)
+    run.add_argument("--items", type=int, default=100_000, help="synthetic catalogue size")
+    run.add_argument("--profile", default="qwen3-8b@a100",
+                     help="qwen3-8b@a100|qwen3-8b@h100|qwen-72b@a100|qwen-72b@h100")
+    run.add_argument("--placement", choices=("community", "hash", "metis"), default=None)
+    run.add_argument("--load", type=float, default=0.7,
+                     help="offered load relative to Prefix-Cache capacity")
+    run.add_argument("--item-ratio", type=float, default=0.3)
+    run.add_argument("--history-ratio", type=float, default=0.3)
+    run.add_argument("--data", default="", help="real trace path (with --format)")
+    run.add_argument("--format", default="", help="dataset format, e.g. amazon2018")
+    run.add_argument("--seed", type=int, default=0)
+    run.set_defaults(func=_run)
+    val = sub.add_parser("validate", help="cost-model error against `rcllm bench ttft --json`")
+    val.add_argument("--bench-json", required=True)
+    val.add_argument("--json", default="", help="write the report here")
+    val.add_argument("--seed", type=int, default=0)
+    val.set_defaults(func=_validate)
+    prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")
+    from ..schedule.vidur_fit import DEFAULT_DIR
+    prof.add_argument("--vidur-dir", default=os.path.normpath(DEFAULT_DIR))
+    prof.set_defaults(func=_profiles)
+    _add_bench_args(sub.add_parser("bench", help="simulator and routing speed"))
+    _add_bench_args(bench.add_parser("sim", help="simulator and routing speed"))
