@@ -10,7 +10,7 @@ view and never mutates it. The same objects drive the simulator and a real route
   1 / (1 + outstanding / this request's service at its best-hit instance). w_idle = 0 is
   hit-only, w_hit = 0 is load-only; the default w_idle = 4 comes from a sweep (simulator.md).
 - cost: the lowest TTFT estimated by the cost model (queue wait + service on that instance).
-Ties go to the lower outstanding work, then the lower index (np.argmin/argmax order).
+Score ties go to the lower outstanding work, then the lower index; load-only rotates ties.
 """
 
 from __future__ import annotations
@@ -49,12 +49,23 @@ class RoundRobin:
 
 
 class LoadOnly:
-    """The instance with the least outstanding work (Load-Only)."""
+    """The instance with the least outstanding work (Load-Only).
+
+    Ties (several idle instances) rotate instead of always going to the lowest index, so an
+    idle cluster still spreads requests; the policy keeps its own rotation pointer.
+    """
 
     name = "load-only"
 
+    def __init__(self) -> None:
+        self._next = 0
+
     def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
-        return int(np.argmin(cluster.outstanding_ms))
+        out = cluster.outstanding_ms
+        best = np.flatnonzero(out <= out.min() + 1e-9)
+        pick = int(best[np.searchsorted(best, self._next) % len(best)])
+        self._next = pick + 1
+        return pick
 
 
 def _argmax_then_least_loaded(score: np.ndarray, cluster: ClusterView) -> int:

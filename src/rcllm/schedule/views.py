@@ -81,7 +81,7 @@ class ArrayLocality:
         hot = self.is_hot[items]
         cold = ~hot
         out = np.bincount(self.shard[items[cold]], weights=tokens[cold],
-                          minlength=self.num_instances)
+                          minlength=self.num_instances).astype(float, copy=False)
         out += tokens[hot].sum()
         return out
 
