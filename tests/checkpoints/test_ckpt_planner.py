@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rcllm.checkpoints.planner import (
-    brute_force, expected_depth, expected_recompute, plan_optimal, recompute_per_depth)
+    brute_force, expected_depth, expected_recompute, plan_budgets, plan_optimal,
+    recompute_per_depth)
 from rcllm.errors import RcllmError
 
 
@@ -91,3 +92,12 @@ def test_positions_out_of_range_rejected():
         expected_recompute([0, 3], np.ones(5), 4)
     with pytest.raises(RcllmError):
         expected_recompute([5], np.ones(5), 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problem())
+def test_budget_sweep_equals_individual_plans(problem):
+    p, n, _ = problem
+    sweep = plan_budgets(p, n, 5)
+    assert [s.expected_recompute for s in sweep] == pytest.approx(
+        [brute_force(p, n, m).expected_recompute for m in range(1, 6)], abs=1e-12)

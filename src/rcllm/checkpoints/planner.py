@@ -21,7 +21,9 @@ e*(s) is non-decreasing in s and each layer is solved by divide and conquer over
 is vectorised per recursion level with numpy (all subproblems of one level at once), so a layer
 is ~log2(K) numpy passes over O(K) candidates: O(K·M·log K) arithmetic, where K is the number of
 support points (only depths with p_t > 0 can be useful checkpoints: moving a checkpoint right
-to the next depth with mass never raises the cost). N = 100k, M = 64 runs in about a second.
+to the next depth with mass never raises the cost). N = 100k, M = 64 (dense p) takes ~1.4–1.9 s
+on the shared 2-core dev machine; the O(N·M) bound of the paper needs a sequential
+convex-hull sweep, which is slower than this in pure Python.
 
 The planner is pure numpy: it must not import torch (tests check this).
 """
@@ -123,14 +125,18 @@ def _dp_layer(prev: np.ndarray, x: np.ndarray, s0: np.ndarray, s1: np.ndarray) -
         a = np.maximum(olo, mid + 1)  # the next checkpoint lies strictly right of mid
         cnt = ohi - a + 1
         starts = np.cumsum(cnt) - cnt
-        seg = np.zeros(int(starts[-1] + cnt[-1]), dtype=np.int64)
-        seg[starts[1:]] = 1
-        seg = np.cumsum(seg)  # flat candidate -> its subproblem (cheaper than np.repeat)
-        j = np.arange(seg.size) + (a - starts)[seg]
-        vals = reach[j] - x[mid][seg] * s0[j]
+        # j (the flat candidate list) as a cumulative sum of steps: +1 inside a subproblem, a
+        # jump to its first candidate at each subproblem start. Integers: exact.
+        j = np.ones(int(starts[-1] + cnt[-1]), dtype=np.int64)
+        j[0] = a[0]
+        j[starts[1:]] = a[1:] - (a[:-1] + cnt[:-1] - 1)
+        np.cumsum(j, out=j)
+        vals = np.repeat(x[mid], cnt)
+        vals *= np.take(s0, j)
+        np.subtract(np.take(reach, j), vals, out=vals)
         mins = np.minimum.reduceat(vals, starts)
         # leftmost argmin per segment: the smallest flat index whose value equals the segment min
-        hits = np.flatnonzero(vals <= mins[seg])
+        hits = np.flatnonzero(vals <= np.repeat(mins, cnt))
         best = j[hits[np.searchsorted(hits, starts)]]
         g[mid], arg[mid] = mins + const[mid], best
         left, right = lo <= mid - 1, mid + 1 <= hi
@@ -146,32 +152,46 @@ def plan_optimal(p: Sequence[float] | np.ndarray, n: int, m: int) -> Schedule:
 
     Ties are broken towards the leftmost next checkpoint, so the result is deterministic.
     """
+    return plan_budgets(p, n, m)[-1]
+
+
+def plan_budgets(p: Sequence[float] | np.ndarray, n: int, max_m: int) -> list[Schedule]:
+    """Optimal schedules for every budget 1..max_m from one DP run (element b − 1 is budget b).
+
+    The DP tables for budget M contain those for every smaller budget, so a sweep costs the
+    same as its largest budget.
+    """
     probs = validate_distribution(p, n)
-    m = _check_budget(m)
+    max_m = _check_budget(max_m)
     support = np.flatnonzero(probs[1:] > 0) + 1
     x = np.concatenate([[0], support, [n + 1]]).astype(np.int64)  # candidate checkpoints + end
     s0 = np.concatenate([[0.0], np.cumsum(probs)])
     s1 = np.concatenate([[0.0], np.cumsum(probs * np.arange(n + 1))])
     s0x, s1x, xf = s0[x], s1[x], x.astype(np.float64)
     k = x.size - 1
-    if m >= k - 1:  # a checkpoint on every depth with mass: nothing is ever recomputed
-        return Schedule(n, tuple(int(c) for c in support), 0.0)
+    # Beyond k − 1 checkpoints every depth with mass has one: nothing is ever recomputed.
+    layers = min(max_m, k - 1)
     g = np.zeros(k + 1)
     g[:k] = (s1x[k] - s1x[:k]) - xf[:k] * (s0x[k] - s0x[:k])  # g_0: no further checkpoint
-    args = []
-    for _ in range(m):
+    args: list[np.ndarray] = []
+    for _ in range(layers):
         layer, arg = _dp_layer(g, xf, s0x, s1x)
         g = np.append(layer, 0.0)
         args.append(arg)
-    positions, i = [], 0
-    for arg in reversed(args):  # walk from the free checkpoint at 0, budget M, M−1, ...
-        nxt = int(arg[i])
-        if nxt == k:
-            break
-        positions.append(int(x[nxt]))
-        i = nxt
-    cost = float(probs @ recompute_per_depth(positions, n))
-    return Schedule(n, tuple(positions), cost)
+    out = []
+    for budget in range(1, max_m + 1):
+        if budget > layers:
+            out.append(Schedule(n, tuple(int(c) for c in support), 0.0))
+            continue
+        positions, i = [], 0
+        for arg in reversed(args[:budget]):  # from the free checkpoint at 0: budget b, b − 1, ...
+            nxt = int(arg[i])
+            if nxt == k:
+                break
+            positions.append(int(x[nxt]))
+            i = nxt
+        out.append(Schedule(n, tuple(positions), float(probs @ recompute_per_depth(positions, n))))
+    return out
 
 
 def brute_force(p: Sequence[float] | np.ndarray, n: int, m: int) -> Schedule:
