@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     speed = planner_speed(cfg)
     summary.update(speed)
     print(f"\nplanner: N = {speed['planner_n']}, M = {speed['planner_m']}: "
-          f"{speed['planner_s']:.2f} s (target <= 2 s)")
+          f"{speed['planner_s']:.2f} s best of 3, median {speed['planner_s_median']:.2f} s "
+          f"(target <= 2 s)")
     mrows = model_rows(cfg, rng)
     if mrows:
         ms = model_summary(mrows)
