@@ -44,7 +44,8 @@ def _run(args) -> int:
     wl = _workload(args)
     placement = args.placement or ("metis" if wl.community is None else "community")
     sc = ex.Scenario(profile=args.profile, placement=placement, load=args.load, seed=args.seed,
-                     item_ratio=args.item_ratio, history_ratio=args.history_ratio)
+                     item_ratio=args.item_ratio, history_ratio=args.history_ratio,
+                     hot_fraction=args.hot_fraction)
     funcs = {"cdf": ex.cdf_experiment, "scaling": ex.scaling_experiment,
              "policy": ex.policy_experiment, "ratio": ex.ratio_experiment}
     os.makedirs(args.out, exist_ok=True)
@@ -124,6 +125,8 @@ def register(top, bench) -> None:
     run.add_argument("--placement", choices=("community", "hash", "metis"), default=None)
     run.add_argument("--load", type=float, default=0.7,
                      help="offered load relative to Prefix-Cache capacity")
+    run.add_argument("--hot-fraction", type=float, default=0.001,
+                     help="share of items replicated on every instance")
     run.add_argument("--item-ratio", type=float, default=0.3)
     run.add_argument("--history-ratio", type=float, default=0.3)
     run.add_argument("--data", default="", help="real trace path (with --format)")
