@@ -28,7 +28,7 @@ def _run(w, k, method, qps, policy="auto", profile=PROFILE, seed=0):
 def test_every_request_finishes_once_fifo(workload, method):
     res = _run(workload, 8, method, qps=30.0)
     res.check_invariants()
-    assert np.all(res.ttft_ms >= res.service_ms - 1e-6 - PROFILE.fixed_ms * 0)
+    assert np.all(res.ttft_ms >= res.service_ms - 1e-6)   # a batch lasts >= each member
 
 
 def test_littles_law(workload):

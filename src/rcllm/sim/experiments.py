@@ -15,6 +15,7 @@ import numpy as np
 
 from ..schedule.cost import CostModel, MethodConfig, RequestShape
 from ..schedule.profiles import SpeedProfile
+from ..schedule.views import ArrayLocality
 from ..schedule.vidur_fit import builtin_profile
 from .engine import SimConfig, simulate
 from .placement import build_locality
@@ -52,12 +53,18 @@ def qps_for(workload: Workload, sc: Scenario, num_instances: int) -> float:
     return sc.load * num_instances * 1000.0 / prefix_service_ms(workload, sc.speed())
 
 
+def locality_for(workload: Workload, sc: Scenario, k: int) -> ArrayLocality:
+    return build_locality(workload, k, sc.placement, sc.hot_fraction, sc.seed)
+
+
 def run_one(workload: Workload, sc: Scenario, k: int, method: str, qps: float,
-            policy: str = "auto", ratios: tuple[float, float] | None = None) -> SimResult:
+            policy: str = "auto", ratios: tuple[float, float] | None = None,
+            loc: ArrayLocality | None = None) -> SimResult:
+    """One simulation; `loc` reuses a placement built for the same (workload, scenario, k)."""
     item_r, hist_r = ratios if ratios else (sc.item_ratio, sc.history_ratio)
     cfg = SimConfig(MethodConfig(method, item_r, hist_r), policy=policy,
                     history_hit_rate=sc.history_hit_rate, seed=sc.seed)
-    loc = build_locality(workload, k, sc.placement, sc.hot_fraction, sc.seed)
+    loc = loc if loc is not None else locality_for(workload, sc, k)
     arrivals = poisson_arrivals_ms(np.random.default_rng(sc.seed + 1), workload.num_requests, qps)
     res = simulate(workload, arrivals, loc, sc.speed(), cfg)
     res.check_invariants()
@@ -72,9 +79,10 @@ def _cdf(ttft_ms: np.ndarray) -> tuple[list[float], list[float]]:
 def cdf_experiment(workload: Workload, sc: Scenario, k: int = 40) -> tuple[list[dict], Series]:
     """Figs 7–8: TTFT distribution of full / prefix / rcllm at k instances."""
     qps = qps_for(workload, sc, k)
+    loc = locality_for(workload, sc, k)
     rows, series, base = [], {}, None
     for method in ("full", "prefix", "rcllm"):
-        res = run_one(workload, sc, k, method, qps)
+        res = run_one(workload, sc, k, method, qps, loc=loc)
         s = res.summary()
         base = s if method == "prefix" else base
         rows.append({"method": method, "instances": k, "qps": qps, **s})
@@ -92,8 +100,9 @@ def scaling_experiment(workload: Workload, sc: Scenario,
     rows = []
     for k in ks:
         qps = qps_for(workload, sc, k)
-        pre = run_one(workload, sc, k, "prefix", qps).summary()
-        rc = run_one(workload, sc, k, "rcllm", qps).summary()
+        loc = locality_for(workload, sc, k)
+        pre = run_one(workload, sc, k, "prefix", qps, loc=loc).summary()
+        rc = run_one(workload, sc, k, "rcllm", qps, loc=loc).summary()
         rows.append({"instances": k, "qps": qps, "prefix_p50_ms": pre["p50_ttft_ms"],
                      "prefix_p99_ms": pre["p99_ttft_ms"], "rcllm_p50_ms": rc["p50_ttft_ms"],
                      "rcllm_p99_ms": rc["p99_ttft_ms"], "rcllm_hit_rate": rc["mean_item_hit_rate"],
@@ -111,10 +120,11 @@ def policy_experiment(workload: Workload, sc: Scenario, k: int = 10,
                       ) -> tuple[list[dict], Series]:
     """Fig 12: mean rcllm TTFT per routing policy over a request-rate sweep at k instances."""
     rows, series = [], {p: ([], []) for p in policies}
+    loc = locality_for(workload, sc, k)
     for load in loads:
         qps = qps_for(workload, replace(sc, load=load), k)
         for pol in policies:
-            s = run_one(workload, sc, k, "rcllm", qps, policy=pol).summary()
+            s = run_one(workload, sc, k, "rcllm", qps, policy=pol, loc=loc).summary()
             rows.append({"policy": pol, "qps": qps, "load_vs_prefix": load, "instances": k,
                          "mean_ttft_ms": s["mean_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"],
                          "hit_rate": s["mean_item_hit_rate"],
@@ -129,9 +139,10 @@ def ratio_experiment(workload: Workload, sc: Scenario, k: int = 40,
                      ) -> tuple[list[dict], Series]:
     """Fig 13: rcllm TTFT as the (item = history) recompute ratio grows."""
     qps = qps_for(workload, sc, k)
+    loc = locality_for(workload, sc, k)
     rows = []
     for r in ratios:
-        s = run_one(workload, sc, k, "rcllm", qps, ratios=(r, r)).summary()
+        s = run_one(workload, sc, k, "rcllm", qps, ratios=(r, r), loc=loc).summary()
         rows.append({"ratio": r, "instances": k, "qps": qps, "p50_ttft_ms": s["p50_ttft_ms"],
                      "p90_ttft_ms": s["p90_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"],
                      "mean_ttft_ms": s["mean_ttft_ms"]})
