@@ -24,6 +24,8 @@ def plot(experiment: str, series: Series, path: str, subtitle: str = "") -> None
         ax.plot(xs, ys, marker="" if experiment == "cdf" else "o", label=name)
     if experiment == "scaling":
         ax.set_xscale("log")
+    if experiment == "policy":
+        ax.set_yscale("log")  # overloaded policies blow up by orders of magnitude
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
