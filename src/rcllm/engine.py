@@ -1,0 +1,211 @@
+"""The single-process engine: request → prompt → cache lookup → selective prefill → ranking.
+
+The engine owns the model, the prompt builder, the chunk store (any `KVStore`) and the
+prefix cache. `rank()` is the request path; everything it times is on the path to the first
+token. Chunk misses are computed fresh inside the request and, after the answer, their
+position-independent KV is built and stored (off the timed path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from .config import METHODS, RcllmConfig, ReuseConfig
+from .errors import RcllmError
+from .kvstore.base import ChunkKV, KVStore, MemoryLRUStore, chunk_key
+from .model.loading import LoadedModel
+from .prompt.builder import KINDS, Prompt, PromptBuilder, RankRequest
+from .records import HistoryEntry, Item, ItemId
+from .runner.prefill import PrefillInputs, prefill
+from .runner.prefix_cache import PrefixCache
+from .runner.scoring import continuation_scores, verbalizer_scores
+from .runner.select import make_policy
+
+log = logging.getLogger(__name__)
+REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # methods that reuse chunk KV
+
+
+@dataclass
+class RankResult:
+    ranking: list[ItemId]            # best first
+    scores: dict[ItemId, float]      # log-scores (higher is better)
+    method: str
+    ttft_ms: float                   # request arrival → first-token logits
+    total_ms: float                  # including likelihood scoring where used
+    stats: dict = field(default_factory=dict)
+    logits: torch.Tensor | None = None   # [V] last position (kept when asked)
+    hidden: torch.Tensor | None = None   # [d] final-normed last hidden state
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, catalog: Mapping[ItemId, Item], cfg: RcllmConfig,
+                 store: KVStore | None = None, scorer: str = "verbalizer"):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.cfg = cfg
+        self.scorer = scorer
+        self.catalog = catalog
+        self.builder = PromptBuilder(loaded.tokenizer, catalog, cfg.prompt,
+                                     self.model.arch.max_positions, scorer)
+        self.store: KVStore = store or MemoryLRUStore(cfg.reuse.store_bytes)
+        self.prefix = PrefixCache(loaded.fingerprint, cfg.reuse.prefix_block)
+        instr = torch.tensor(self.builder.instruction_ids, device=self.model.device)
+        out = self.model.forward(instr, return_kv=True)
+        self._instr_k, self._instr_v = out["k"], out["v"]
+        self.prefix.insert(self.builder.instruction_ids, out["k"], out["v"], len(instr))
+        self._context_tag = hashlib.sha256(
+            repr(self.builder.instruction_ids).encode()).hexdigest()[:12]
+
+    # ---- chunk KV -----------------------------------------------------------------------
+    def _kind_tag(self, kind: str, reuse: ReuseConfig) -> str:
+        ctx = self._context_tag if reuse.chunk_context == "instruction" else "none"
+        return f"{kind}@{ctx}"
+
+    def chunk_key(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None):
+        return chunk_key(self.loaded.fingerprint, self._kind_tag(kind, reuse or self.cfg.reuse), ids)
+
+    @torch.inference_mode()
+    def compute_chunk(self, ids: Sequence[int], reuse: ReuseConfig | None = None) -> ChunkKV:
+        """Position-independent KV of a chunk, built alone or after the instruction."""
+        reuse = reuse or self.cfg.reuse
+        t = torch.tensor(ids, device=self.model.device)
+        if reuse.chunk_context == "instruction":
+            out = self.model.forward(t, self._instr_k, self._instr_v, return_kv=True)
+        else:
+            out = self.model.forward(t, return_kv=True)
+        return ChunkKV(tuple(ids), out["k"], out["v"])
+
+    def ensure_chunk(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> bool:
+        """Builds and stores the chunk if absent; returns True when it was built."""
+        key = self.chunk_key(kind, ids, reuse)
+        if self.store.contains(key):
+            return False
+        self.store.put(key, self.compute_chunk(ids, reuse))
+        return True
+
+    def build_items(self, item_ids: Iterable[ItemId], progress: bool = False) -> int:
+        return self._build("item", [self.builder.item_chunk(i) for i in item_ids], progress)
+
+    def build_history(self, entries: Iterable[HistoryEntry], progress: bool = False) -> int:
+        return self._build("history", [self.builder.history_chunk(e) for e in entries], progress)
+
+    def _build(self, kind: str, chunks: list[tuple[int, ...]], progress: bool) -> int:
+        from tqdm import tqdm
+
+        built = 0
+        bar = tqdm(chunks, desc=f"building {kind} KV", unit="chunk", disable=not progress)
+        for ids in bar:
+            built += self.ensure_chunk(kind, ids)
+        return built
+
+    # ---- request path -------------------------------------------------------------------
+    def reuse_config(self, req: RankRequest, method: str | None, **overrides) -> ReuseConfig:
+        merged = {**dict(req.overrides), **overrides}
+        if method:
+            merged["method"] = method
+        known = {f.name for f in dataclasses.fields(ReuseConfig)}
+        unknown = set(merged) - known
+        if unknown:
+            raise RcllmError(f"unknown override {sorted(unknown)[0]!r}")
+        reuse = dataclasses.replace(self.cfg.reuse, **merged)
+        reuse.validate()
+        return reuse
+
+    def _assemble(self, prompt: Prompt, reuse: ReuseConfig):
+        a = self.model.arch
+        ids = prompt.token_ids
+        n = len(ids)
+        dev = self.model.device
+        shape = (a.num_layers, a.num_kv_heads, n, a.head_dim)
+        k_buf = torch.empty(shape, dtype=self.model.dtype, device=dev)
+        v_buf = torch.empty(shape, dtype=self.model.dtype, device=dev)
+        have = torch.zeros(n, dtype=torch.bool)
+        kind = torch.zeros(n, dtype=torch.int8)
+        offset = torch.zeros(n, dtype=torch.long)
+        prefix_len = 0
+        if reuse.method != "full":
+            prefix_len = self.prefix.lookup(ids, k_buf, v_buf, limit=n - 1)
+            have[:prefix_len] = True
+        exact = have.clone()
+        stats = {"tokens": n, "prefix_tokens": prefix_len, "chunk_hits": 0, "chunk_misses": 0,
+                 "reused_tokens": {"history": 0, "item": 0}}
+        misses = []
+        start = 0
+        for seg in prompt.segments:
+            end = start + len(seg.token_ids)
+            kind[start:end] = KINDS.index(seg.kind)
+            if seg.is_chunk:
+                offset[start:end] = torch.arange(len(seg.token_ids))
+                if reuse.method in REUSE_METHODS and start >= prefix_len:
+                    entry = self.store.get(self.chunk_key(seg.kind, seg.token_ids, reuse))
+                    if entry is not None and entry.token_ids == seg.token_ids:
+                        k_buf[:, :, start:end] = entry.k
+                        v_buf[:, :, start:end] = entry.v
+                        have[start:end] = True
+                        stats["chunk_hits"] += 1
+                        stats["reused_tokens"][seg.kind] += len(seg.token_ids)
+                    else:
+                        stats["chunk_misses"] += 1
+                        misses.append((seg.kind, seg.token_ids))
+            start = end
+        inp = PrefillInputs(torch.tensor(ids, device=dev), k_buf, v_buf, have.to(dev),
+                            exact.to(dev), kind.to(dev), offset.to(dev))
+        return inp, stats, misses
+
+    def rank(self, req: RankRequest, method: str | None = None, keep_tensors: bool = False,
+             **overrides) -> RankResult:
+        """Ranks req.candidates; raises RcllmError for bad input. Thread-compatible, not
+        thread-safe (one request at a time per engine)."""
+        t0 = time.perf_counter()
+        reuse = self.reuse_config(req, method, **overrides)
+        prompt = self.builder.build(req)
+        inp, stats, misses = self._assemble(prompt, reuse)
+        res = prefill(self.model, inp, make_policy(reuse))
+        logits = self.model.logits(res.hidden_last)
+        ttft_ms = (time.perf_counter() - t0) * 1e3
+        if self.scorer == "likelihood":
+            conts = [self.builder.continuation_ids(c) for c in prompt.candidates]
+            scores_t = continuation_scores(self.model, inp.k_buf, inp.v_buf, logits, conts)
+        else:
+            scores_t = verbalizer_scores(logits, prompt.label_token_ids)
+        total_ms = (time.perf_counter() - t0) * 1e3
+        scores = {c: float(s) for c, s in zip(prompt.candidates, scores_t)}
+        ranking = sorted(prompt.candidates, key=lambda c: -scores[c])
+        self._after(reuse, prompt, inp, res, misses)
+        kinds = inp.kind.cpu()
+        computed = res.computed.cpu()
+        stats.update({
+            "recomputed_tokens": int(computed.sum()),
+            "recomputed_fraction": float(computed.float().mean()),
+            "recomputed_by_kind": {k: int((computed & (kinds == KINDS.index(k))).sum())
+                                   for k in KINDS},
+            "layer0_tokens": res.layer0_computed,
+            "flops": res.flops, "full_flops": res.full_flops,
+            "truncated_history": prompt.truncated_history,
+        })
+        result = RankResult(ranking, scores, reuse.method, ttft_ms, total_ms, stats)
+        if keep_tensors:
+            result.logits = logits.detach()
+            result.hidden = self.model.final_hidden(res.hidden_last).detach()
+        return result
+
+    def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, res, misses) -> None:
+        """Off the timed path: exact prompts feed the prefix cache, misses feed the store."""
+        if reuse.prefix_insert and reuse.method in ("full", "prefix"):
+            self.prefix.insert(prompt.token_ids, inp.k_buf, inp.v_buf, len(inp.ids) - 1)
+        if reuse.cache_misses:
+            for kind, ids in misses:
+                self.ensure_chunk(kind, ids, reuse)
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise RcllmError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+    return method

@@ -1,0 +1,169 @@
+"""Prompt assembly for listwise ranking.
+
+A prompt is a list of typed segments:
+
+    [instruction] ([history-meta][history chunk])* [items-header] ([label][item chunk])*
+    [question]
+
+`history` and `item` segments are *chunks*: their text depends only on the review or the
+item, never on where they appear, so their token ids (and cached KV) are identical in every
+prompt. Everything request-specific — dates, ratings, candidate labels "(A)".."(T)" — lives in
+the small `dynamic` segments between chunks. Each segment is tokenised on its own and the ids
+concatenated, so a chunk's token ids never depend on its neighbours.
+
+Reviews and item texts longer than the configured token limits are cut at the limit (the
+documented truncation); a history longer than `history_window` keeps the most recent entries.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..config import PromptConfig
+from ..errors import RcllmError
+from ..records import HistoryEntry, Item, ItemId
+
+LABELS = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+INSTRUCTION = (
+    "<|im_start|>system\nYou are a recommender system. You read a user's past reviews and "
+    "pick, from a list of candidate items, the one the user will buy next.<|im_end|>\n"
+    "<|im_start|>user\nMy past reviews, oldest first:")
+ITEMS_HEADER = "\n\nCandidate items:"
+QUESTIONS = {
+    "verbalizer": ("\n\nWhich candidate will I buy next? Answer with its letter only."
+                   "<|im_end|>\n<|im_start|>assistant\nAnswer: ("),
+    "likelihood": ("\n\nWhich candidate will I buy next? Answer with its name."
+                   "<|im_end|>\n<|im_start|>assistant\nI will buy next:"),
+}
+KINDS = ("instruction", "history", "item", "dynamic", "question")
+
+
+@dataclass(frozen=True)
+class RankRequest:
+    """One ranking request. `history` is time-ordered (oldest first)."""
+
+    user_id: str
+    history: tuple[HistoryEntry, ...]
+    candidates: tuple[ItemId, ...]
+    request_time: int | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # e.g. method, item_ratio
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str                 # one of KINDS
+    token_ids: tuple[int, ...]
+    ref: str = ""             # item id (item/history chunks)
+
+    @property
+    def is_chunk(self) -> bool:
+        return self.kind in ("history", "item")
+
+
+@dataclass
+class Prompt:
+    segments: list[Segment]
+    candidates: tuple[ItemId, ...]
+    label_token_ids: tuple[int, ...]  # verbalizer tokens, one per candidate, in candidate order
+    truncated_history: int = 0        # entries dropped (older than the window)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    def __len__(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+
+def item_text(item: Item) -> str:
+    title = item.title.strip() or f"item {item.item_id}"
+    desc = " ".join(item.description.split())
+    return f"{title}. {desc}" if desc else title
+
+
+def history_text(entry: HistoryEntry, item: Item | None) -> str:
+    title = item.title.strip() if item is not None and item.title.strip() else f"item {entry.item_id}"
+    return f"{title}: {' '.join(entry.review.split())}"
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Any, catalog: Mapping[ItemId, Item], cfg: PromptConfig,
+                 max_context: int, scorer: str = "verbalizer"):
+        if scorer not in QUESTIONS:
+            raise RcllmError(f"unknown scorer {scorer!r}; use {' or '.join(QUESTIONS)}")
+        self.tok = tokenizer
+        self.catalog = catalog
+        self.cfg = cfg
+        self.max_context = max_context
+        self.scorer = scorer
+        self._instruction = self._encode(INSTRUCTION)
+        self._header = self._encode(ITEMS_HEADER)
+        self._question = self._encode(QUESTIONS[scorer])
+        self._labels = tuple(self._single_token(c) for c in LABELS)
+        self._chunk_cache: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _single_token(self, text: str) -> int:
+        ids = self._encode(text)
+        if len(ids) != 1:
+            raise RcllmError(f"label {text!r} is not a single token for this tokenizer")
+        return ids[0]
+
+    @property
+    def instruction_ids(self) -> tuple[int, ...]:
+        return self._instruction
+
+    def item_chunk(self, item_id: ItemId) -> tuple[int, ...]:
+        key = ("item", item_id)
+        if key not in self._chunk_cache:
+            ids = self._encode(" " + item_text(self.catalog[item_id]))
+            self._chunk_cache[key] = ids[: self.cfg.max_item_tokens]
+        return self._chunk_cache[key]
+
+    def history_chunk(self, entry: HistoryEntry) -> tuple[int, ...]:
+        ids = self._encode(" " + history_text(entry, self.catalog.get(entry.item_id)))
+        return ids[: self.cfg.max_review_tokens]
+
+    def validate(self, req: RankRequest) -> None:
+        if not req.candidates:
+            raise RcllmError("the request has no candidates")
+        if len(req.candidates) > self.cfg.max_candidates:
+            raise RcllmError(f"{len(req.candidates)} candidates but at most "
+                             f"{self.cfg.max_candidates} labels (prompt.max_candidates)")
+        if len(set(req.candidates)) != len(req.candidates):
+            raise RcllmError("the candidate list names an item twice")
+        unknown = [c for c in req.candidates if c not in self.catalog]
+        if unknown:
+            raise RcllmError(f"unknown candidate item id {unknown[0]!r}")
+
+    def build(self, req: RankRequest) -> Prompt:
+        """Builds the prompt; raises RcllmError for bad input or a prompt over the context."""
+        self.validate(req)
+        history = list(req.history)[-self.cfg.history_window:] if self.cfg.history_window else []
+        segs = [Segment("instruction", self._instruction)]
+        for entry in history:
+            when = _dt.datetime.fromtimestamp(entry.timestamp, _dt.timezone.utc).strftime("%Y-%m-%d")
+            segs.append(Segment("dynamic", self._encode(f"\n- [{when}, {entry.rating:g}/5]")))
+            segs.append(Segment("history", self.history_chunk(entry), entry.item_id))
+        segs.append(Segment("dynamic", self._header))
+        for label, item_id in zip(LABELS, req.candidates):
+            segs.append(Segment("dynamic", self._encode(f"\n({label})")))
+            segs.append(Segment("item", self.item_chunk(item_id), item_id))
+        segs.append(Segment("question", self._question))
+        prompt = Prompt(segs, tuple(req.candidates), self._labels[: len(req.candidates)],
+                        truncated_history=len(req.history) - len(history))
+        if len(prompt) > self.max_context:
+            raise RcllmError(f"the prompt has {len(prompt)} tokens, over the model's context of "
+                             f"{self.max_context}; lower prompt.history_window or the token limits")
+        return prompt
+
+    def continuation_ids(self, item_id: ItemId) -> tuple[int, ...]:
+        """Tokens scored by the likelihood scorer: the item's title after the prompt."""
+        item = self.catalog[item_id]
+        title = item.title.strip() or f"item {item_id}"
+        return self._encode(" " + title)[:24]
