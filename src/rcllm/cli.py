@@ -17,11 +17,9 @@ from .errors import RcllmError
 
 # One entry per module that registers commands; a feature adds its module here.
 COMMAND_MODULES = (
-    "rcllm.commands.demo",
     "rcllm.commands.bench_prefill",
     "rcllm.commands.bench_ttft",
     "rcllm.commands.build_cache",
-    "rcllm.commands.rank",
     "rcllm.commands.eval",
     "rcllm.checkpoints.cli",
     "rcllm.sim.cli",

@@ -45,7 +45,7 @@ class ReuseConfig:
     window: int = 4              # rcllm: first tokens of each chunk always recomputed
     epic_k: int = 16             # epic: first k tokens of each chunk recomputed
     attention_weight: float = 1.0  # rcllm: weight of layer-0 attention mass vs deviation
-    chunk_context: str = "instruction"  # KV of chunks built after: "instruction" | "none"
+    chunk_context: str = "template"  # chunks built after: "template" | "instruction" | "none"
     prefix_block: int = 16       # prefix cache granularity in tokens (vLLM-style blocks)
     cache_misses: bool = True    # store the KV of chunk misses after answering
     prefix_insert: bool = True   # exact prompts (full, prefix) feed the prefix cache; benchmarks
@@ -59,8 +59,8 @@ class ReuseConfig:
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise RcllmError(f"reuse.{name} must be within [0, 1], got {v}")
-        if self.chunk_context not in ("instruction", "none"):
-            raise RcllmError("reuse.chunk_context must be 'instruction' or 'none'")
+        if self.chunk_context not in ("template", "instruction", "none"):
+            raise RcllmError("reuse.chunk_context must be 'template', 'instruction' or 'none'")
         if self.prefix_block < 1 or self.store_bytes < 1:
             raise RcllmError("reuse.prefix_block and reuse.store_bytes must be positive")
         if self.window < 0 or self.epic_k < 0:

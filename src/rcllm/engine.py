@@ -58,28 +58,45 @@ class Engine:
         self.prefix = PrefixCache(loaded.fingerprint, cfg.reuse.prefix_block)
         instr = torch.tensor(self.builder.instruction_ids, device=self.model.device)
         out = self.model.forward(instr, return_kv=True)
-        self._instr_k, self._instr_v = out["k"], out["v"]
         self.prefix.insert(self.builder.instruction_ids, out["k"], out["v"], len(instr))
-        self._context_tag = hashlib.sha256(
-            repr(self.builder.instruction_ids).encode()).hexdigest()[:12]
+        # KV of the context each chunk kind is built after (see compute_chunk)
+        self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
 
     # ---- chunk KV -----------------------------------------------------------------------
+    def _context(self, kind: str, mode: str):
+        """(K, V, tag) of the tokens a chunk of `kind` is built after, or None for "none".
+
+        "instruction": the instruction prefix; "template": the instruction followed by the
+        dynamic text that precedes such a chunk in a prompt (the items header and a label, or a
+        history entry's date and rating), so the chunk's first tokens see a realistic
+        neighbourhood instead of acting as attention sinks.
+        """
+        if mode == "none":
+            return None
+        if (kind, mode) not in self._contexts:
+            ids = list(self.builder.instruction_ids)
+            if mode == "template":
+                ids += list(self.builder.context_ids(kind))
+            out = self.model.forward(torch.tensor(ids, device=self.model.device), return_kv=True)
+            tag = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
+            self._contexts[(kind, mode)] = (out["k"], out["v"], tag)
+        return self._contexts[(kind, mode)]
+
     def _kind_tag(self, kind: str, reuse: ReuseConfig) -> str:
-        ctx = self._context_tag if reuse.chunk_context == "instruction" else "none"
-        return f"{kind}@{ctx}"
+        ctx = self._context(kind, reuse.chunk_context)
+        return f"{kind}@{ctx[2] if ctx else 'none'}"
 
     def chunk_key(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None):
         return chunk_key(self.loaded.fingerprint, self._kind_tag(kind, reuse or self.cfg.reuse), ids)
 
     @torch.inference_mode()
-    def compute_chunk(self, ids: Sequence[int], reuse: ReuseConfig | None = None) -> ChunkKV:
-        """Position-independent KV of a chunk, built alone or after the instruction."""
-        reuse = reuse or self.cfg.reuse
+    def compute_chunk(self, kind: str, ids: Sequence[int],
+                      reuse: ReuseConfig | None = None) -> ChunkKV:
+        """Position-independent KV of a chunk, built after its kind's context (keys pre-RoPE)."""
+        ctx = self._context(kind, (reuse or self.cfg.reuse).chunk_context)
         t = torch.tensor(ids, device=self.model.device)
-        if reuse.chunk_context == "instruction":
-            out = self.model.forward(t, self._instr_k, self._instr_v, return_kv=True)
-        else:
-            out = self.model.forward(t, return_kv=True)
+        out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
+                                 return_kv=True)
         return ChunkKV(tuple(ids), out["k"], out["v"])
 
     def ensure_chunk(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> bool:
@@ -87,7 +104,7 @@ class Engine:
         key = self.chunk_key(kind, ids, reuse)
         if self.store.contains(key):
             return False
-        self.store.put(key, self.compute_chunk(ids, reuse))
+        self.store.put(key, self.compute_chunk(kind, ids, reuse))
         return True
 
     def build_items(self, item_ids: Iterable[ItemId], progress: bool = False) -> int:

@@ -106,7 +106,7 @@ class Transformer:
         """
         n, big_n = q.shape[1], k_rot.shape[1]
         gqa = self.arch.num_heads != self.arch.num_kv_heads
-        if n == big_n and int(q_pos[0]) == 0 and int(q_pos[-1]) == big_n - 1:
+        if n == big_n:  # every slot queries: plain causal attention, whatever the positions
             return F.scaled_dot_product_attention(
                 q.unsqueeze(0), k_rot.unsqueeze(0), v.unsqueeze(0), is_causal=True,
                 enable_gqa=gqa).squeeze(0)
@@ -134,10 +134,11 @@ class Transformer:
     # ---- exact forward ----------------------------------------------------------------
     def forward(self, ids: torch.Tensor, past_k: torch.Tensor | None = None,
                 past_v: torch.Tensor | None = None, return_kv: bool = False,
-                return_hidden: bool = False):
+                return_hidden: bool = False, start_pos: int = 0):
         """Runs tokens `ids` [n] at positions P..P+n-1 after a past of P tokens.
 
-        past_k/past_v: [L, H_kv, P, D] (keys pre-RoPE) or None. Returns a dict with
+        past_k/past_v: [L, H_kv, P, D] (keys pre-RoPE) or None. Without a past, `start_pos`
+        shifts the positions (the tokens then see only each other). Returns a dict with
         `logits` [V] of the last token, and on request `k`/`v` [L, H_kv, n, D] of the new tokens
         (pre-RoPE) and `hidden` [d] (the final-normed last hidden state).
         """
@@ -145,8 +146,10 @@ class Transformer:
         past = 0 if past_k is None else past_k.shape[2]
         n = ids.shape[0]
         total = past + n
-        positions = torch.arange(past, total, device=self.device)
-        all_pos = torch.arange(total, device=self.device)
+        if past and start_pos:
+            raise ValueError("start_pos is only for a forward without a past")
+        positions = torch.arange(past, total, device=self.device) + start_pos
+        all_pos = torch.arange(total, device=self.device) + start_pos
         h = self.embed(ids)
         ks, vs = [], []
         for layer in range(a.num_layers):

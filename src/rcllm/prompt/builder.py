@@ -118,6 +118,12 @@ class PromptBuilder:
     def instruction_ids(self) -> tuple[int, ...]:
         return self._instruction
 
+    def context_ids(self, kind: str) -> tuple[int, ...]:
+        """Typical dynamic text right before a chunk of `kind` (used to build its KV)."""
+        if kind == "item":
+            return self._header + self._encode("\n(A)")
+        return self._encode("\n- [2018-01-01, 5/5]")
+
     def item_chunk(self, item_id: ItemId) -> tuple[int, ...]:
         key = ("item", item_id)
         if key not in self._chunk_cache:

@@ -1,0 +1,82 @@
+"""TTFT of every method on the same requests, measured in one run (`rcllm bench ttft`, demo).
+
+Methods run interleaved per request (full, prefix, naive, ...) so that machine noise hits them
+alike; speedups are ratios of medians measured in this run. Item KV is built ahead for every
+candidate; history review KV is built ahead for all reviews except each user's newest
+`new_reviews` ones, which are misses computed on the spot (and cached afterwards).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+import numpy as np
+
+from ..prompt.builder import RankRequest
+
+ROW_KEYS = ("method", "item_ratio", "history_ratio", "ttft_p50_ms", "ttft_p90_ms",
+            "speedup_vs_full", "speedup_vs_prefix", "recomputed_fraction", "flop_bound_speedup",
+            "top1_agreement_vs_full")
+
+
+def prepare_caches(engine, cases, new_reviews: int = 0, progress: bool = False) -> dict:
+    items = sorted({c for case in cases for c in case.candidates})
+    built_items = engine.build_items(items, progress=progress)
+    ahead = [e for case in cases
+             for e in (case.history[:-new_reviews] if new_reviews else case.history)]
+    built_hist = engine.build_history(ahead, progress=progress)
+    return {"items_built_ahead": built_items, "history_chunks_built_ahead": built_hist,
+            "new_reviews_per_request": new_reviews}
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict], list[dict]]:
+    """Returns (rows, per-request records)."""
+    from tqdm import tqdm
+
+    requests = [RankRequest(c.user_id, c.history, c.candidates) for c in cases]
+    engine.rank(requests[0], "full", prefix_insert=False)  # warm-up: first-call allocations are not a method's cost
+    per: dict[str, list] = {v.label: [] for v in variants}
+    records = []
+    bar = tqdm(requests, desc="ranking", unit="req", disable=not progress)
+    for req in bar:
+        top1_full = None
+        for v in variants:
+            r = engine.rank(req, v.method, prefix_insert=False, **v.overrides())
+            if v.method == "full":
+                top1_full = r.ranking[0]
+            s = r.stats
+            per[v.label].append((r.ttft_ms, s["recomputed_fraction"], s["flops"], s["full_flops"],
+                                 r.ranking[0] == top1_full))
+            records.append({"method": v.method, "variant": v.label, "user_id": req.user_id,
+                            "context_tokens": s["tokens"],
+                            "recomputed_tokens": s["recomputed_tokens"],
+                            "reused_tokens": sum(s["reused_tokens"].values()) + s["prefix_tokens"],
+                            "prefix_tokens": s["prefix_tokens"],
+                            "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms})
+    p50 = {label: statistics.median(x[0] for x in vals) for label, vals in per.items()}
+    full_p50 = p50.get("full")
+    prefix_p50 = p50.get("prefix")
+    rows = []
+    for v in variants:
+        vals = per[v.label]
+        ttft = [x[0] for x in vals]
+        rows.append({
+            "method": v.method, "variant": v.label,
+            "item_ratio": v.item_ratio if v.method in ("rcllm", "cacheblend") else None,
+            "history_ratio": v.history_ratio if v.method == "rcllm" else None,
+            "ttft_p50_ms": p50[v.label], "ttft_p90_ms": _pct(ttft, 90),
+            "speedup_vs_full": full_p50 / p50[v.label] if full_p50 else None,
+            "speedup_vs_prefix": prefix_p50 / p50[v.label] if prefix_p50 else None,
+            "recomputed_fraction": float(np.mean([x[1] for x in vals])),
+            "flop_bound_speedup": sum(x[3] for x in vals) / sum(x[2] for x in vals),
+            "top1_agreement_vs_full": float(np.mean([x[4] for x in vals])),
+        })
+    for row in rows:
+        row["measured_vs_flop_bound"] = (row["speedup_vs_full"] / row["flop_bound_speedup"]
+                                         if row["speedup_vs_full"] else None)
+    return rows, records

@@ -1,0 +1,138 @@
+"""Options and set-up shared by the engine commands (demo, bench, eval, rank, build-cache)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..config import RcllmConfig, describe, load
+from ..errors import RcllmError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SYNTHETIC = {"num_users": 60, "num_items": 120, "seed": 0}
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML file of options (see --set)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one option, e.g. --set reuse.item_ratio=0.3 (repeatable); "
+                        "options and defaults:\n" + "\n".join(describe(RcllmConfig)))
+    p.add_argument("--kv-dir", metavar="DIR",
+                   help="persistent chunk KV store (as written by `rcllm build-cache`); "
+                        "default: process memory only")
+
+
+def add_data_options(p: argparse.ArgumentParser, requests: int) -> None:
+    p.add_argument("--data", metavar="PATH",
+                   help="dataset path (default: the built-in synthetic workload)")
+    p.add_argument("--format", default="amazon2018",
+                   help="dataset format: amazon2018, amazon2023, yelp, goodreads, movielens, "
+                        "synthetic (default amazon2018)")
+    p.add_argument("--category", help="category name when --data is an Amazon folder "
+                                      "(default: the first found)")
+    p.add_argument("--requests", type=int, default=requests,
+                   help=f"number of requests (leave-last-out users; default {requests})")
+    p.add_argument("--candidates", type=int, default=20, help="candidates per request (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of sampling (default 0)")
+
+
+def engine_config(args) -> RcllmConfig:
+    return load(RcllmConfig, args.config, args.overrides)
+
+
+def load_data(args):
+    """The dataset named by --data/--format/--category, or the built-in synthetic one."""
+    from ..eval.datasets import load_dataset
+
+    if args.data is None or args.format == "synthetic":
+        return load_dataset("", "synthetic", **DEFAULT_SYNTHETIC)
+    opts = {}
+    if args.format.startswith("amazon"):
+        opts["category"] = args.category or _first_category(args.data)
+    return load_dataset(args.data, args.format, **opts)
+
+
+def load_workload(args):
+    """Returns (dataset, cases) for --data/--format or the built-in synthetic workload."""
+    from ..eval.protocol import build_cases
+
+    if args.requests < 1:
+        raise RcllmError("--requests must be >= 1")
+    if not 2 <= args.candidates <= 26:
+        raise RcllmError("--candidates must be within 2..26")
+    ds = load_data(args)
+    cases = build_cases(ds, history_window=10, num_negatives=args.candidates - 1, seed=args.seed,
+                        max_cases=args.requests)
+    if not cases:
+        raise RcllmError(f"no request could be built from {args.data or 'the synthetic data'}")
+    return ds, cases
+
+
+def _first_category(path: str) -> str | None:
+    import os
+
+    if not os.path.isdir(path):
+        return None
+    names = sorted(f[:-len("_5.json")] for f in os.listdir(path) if f.endswith("_5.json"))
+    return names[0] if names else None
+
+
+def make_engine(args, ds, scorer: str = "verbalizer", cfg: RcllmConfig | None = None):
+    from ..engine import Engine
+    from ..kvstore.base import MemoryLRUStore
+    from ..model.loading import load_model
+
+    cfg = cfg or engine_config(args)
+    loaded = load_model(cfg.model)
+    store = MemoryLRUStore(cfg.reuse.store_bytes)
+    if getattr(args, "kv_dir", None):
+        from ..kvstore.disk import DiskStore
+        from ..kvstore.tiered import TieredStore
+
+        store = TieredStore(store, [DiskStore(args.kv_dir)])
+    return Engine(loaded, ds.items, cfg, store=store, scorer=scorer)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a method comparison: a method and its recompute budgets."""
+
+    method: str
+    item_ratio: float = 0.0
+    history_ratio: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if self.method in ("rcllm",):
+            return f"rcllm {self.item_ratio:g}/{self.history_ratio:g}"
+        if self.method == "cacheblend":
+            return f"cacheblend {self.item_ratio:g}"
+        return self.method
+
+    def overrides(self) -> dict:
+        if self.method in ("rcllm", "cacheblend"):
+            return {"item_ratio": self.item_ratio, "history_ratio": self.history_ratio}
+        return {}
+
+
+def parse_methods(text: str, item_ratio: float, history_ratio: float) -> list[Variant]:
+    from ..config import METHODS
+
+    out = []
+    for name in [m.strip() for m in text.split(",") if m.strip()]:
+        if name not in METHODS:
+            raise RcllmError(f"unknown method {name!r}; use {', '.join(METHODS)}")
+        out.append(Variant(name, item_ratio, history_ratio))
+    if not out or out[0].method != "full":
+        out.insert(0, Variant("full"))
+    return out
+
+
+def default_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3), (0.15, 0.15))):
+    rows = [Variant("full"), Variant("prefix"), Variant("naive"), Variant("epic"),
+            Variant("cacheblend", 0.15, 0.15), Variant("cacheblend", 0.3, 0.3)]
+    rows += [Variant("rcllm", i, h) for i, h in extra_budgets]
+    return rows

@@ -1,0 +1,122 @@
+"""Quality and fidelity of every method on the same requests (`rcllm eval`).
+
+Per request: `full` gives the reference scores, full-vocabulary distribution and last hidden
+state; each method variant is compared with it. Two references show whether the metrics can
+discriminate at all: `full_reordered` (full on a seeded re-ordering of the same candidates,
+scores mapped back to the items: position bias) and `full_content_swapped` (full with the
+candidate texts permuted among the label positions, scores read per position: content
+sensitivity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..prompt.builder import RankRequest
+from . import metrics as M
+
+KS = (1, 5, 10)
+FIDELITY_KEYS = ("top1_agreement", "top5_overlap", "kendall_tau", "kl_vs_full",
+                 "hidden_cosine_vs_full")
+FULL_FIDELITY = {"top1_agreement": 1.0, "top5_overlap": 1.0, "kendall_tau": 1.0,
+                 "kl_vs_full": 0.0, "hidden_cosine_vs_full": 1.0}
+
+
+@dataclass
+class _Acc:
+    rank: list = field(default_factory=list)      # per-request ranking metric dicts
+    fid: list = field(default_factory=list)       # per-request fidelity dicts
+    ttft: list = field(default_factory=list)
+    frac: list = field(default_factory=list)
+
+
+def _vec(result, order) -> np.ndarray:
+    return np.array([result.scores[c] for c in order])
+
+
+def _fidelity(ref, res, ref_scores, scores) -> dict:
+    p = torch.log_softmax(ref.logits.double(), -1)
+    q = torch.log_softmax(res.logits.double(), -1)
+    kl = float((p.exp() * (p - q)).sum())
+    cos = float(torch.nn.functional.cosine_similarity(ref.hidden, res.hidden, dim=0))
+    return {"top1_agreement": float(M.top1_agreement(ref_scores, scores)),
+            "top5_overlap": M.topk_overlap(ref_scores, scores, 5),
+            "kendall_tau": M.kendall_tau(ref_scores, scores),
+            "kl_vs_full": kl, "hidden_cosine_vs_full": cos}
+
+
+def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False) -> list[dict]:
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
+    acc: dict[str, _Acc] = {}
+    labels = ["full", "full_reordered", "full_content_swapped"] + [
+        v.label for v in variants if v.method != "full"]
+    for lab in labels:
+        acc[lab] = _Acc()
+    for case in tqdm(cases, desc="evaluating", unit="req", disable=not progress):
+        cands = list(case.candidates)
+        target = cands.index(case.target)
+        req = RankRequest(case.user_id, case.history, case.candidates)
+        full = engine.rank(req, "full", keep_tensors=True, prefix_insert=False)
+        full_s = _vec(full, cands)
+        _record(acc["full"], full, full_s, target, None)
+        perm = list(rng.permutation(len(cands)))
+        shuffled = tuple(cands[i] for i in perm)
+        reo = engine.rank(RankRequest(case.user_id, case.history, shuffled), "full",
+                          keep_tensors=True, prefix_insert=False)
+        reo_s = _vec(reo, cands)                       # same items, other labels
+        _record(acc["full_reordered"], reo, reo_s, target, _fidelity(full, reo, full_s, reo_s))
+        # position j shows the text of shuffled[j]; its score stays with candidate j
+        swp_s = np.array([reo.scores[shuffled[j]] for j in range(len(cands))])
+        _record(acc["full_content_swapped"], reo, swp_s, target,
+                _fidelity(full, reo, full_s, swp_s))
+        for v in variants:
+            if v.method == "full":
+                continue
+            res = engine.rank(req, v.method, keep_tensors=True, prefix_insert=False,
+                              **v.overrides())
+            s = _vec(res, cands)
+            _record(acc[v.label], res, s, target, _fidelity(full, res, full_s, s))
+    return _rows(acc, variants, engine.scorer, len(cases))
+
+
+def _record(a: _Acc, res, scores, target, fid) -> None:
+    a.rank.append(M.ranking_metrics(scores, target, KS))
+    if fid is not None:
+        a.fid.append(fid)
+    a.ttft.append(res.ttft_ms)
+    a.frac.append(res.stats["recomputed_fraction"])
+
+
+def _rows(acc: dict[str, _Acc], variants, scorer: str, n: int) -> list[dict]:
+    by_label = {v.label: v for v in variants}
+    full_ndcg = np.array([r["ndcg@10"] for r in acc["full"].rank])
+    rows = []
+    for lab, a in acc.items():
+        v = by_label.get(lab)
+        row = {"method": lab if v is None else v.method, "variant": lab,
+               "item_ratio": v.item_ratio if v and v.method in ("rcllm", "cacheblend") else None,
+               "history_ratio": v.history_ratio if v and v.method == "rcllm" else None,
+               "requests": n, "scorer": scorer}
+        for key in a.rank[0]:
+            row[key] = float(np.mean([r[key] for r in a.rank]))
+        ci = M.bootstrap_ci([r["ndcg@10"] for r in a.rank])
+        row["ndcg@10_ci_low"], row["ndcg@10_ci_high"] = ci.low, ci.high
+        delta = M.paired_bootstrap_ci(np.array([r["ndcg@10"] for r in a.rank]), full_ndcg)
+        row["ndcg@10_delta_vs_full"] = delta.mean
+        row["ndcg@10_delta_vs_full_ci_low"] = delta.low
+        row["ndcg@10_delta_vs_full_ci_high"] = delta.high
+        for key in FIDELITY_KEYS:
+            vals = [f[key] for f in a.fid if not np.isnan(f[key])]
+            row[key] = float(np.mean(vals)) if vals else None
+        if lab == "full":  # the reference against itself, by definition
+            row.update(FULL_FIDELITY)
+        row["ttft_p50_ms"] = float(np.median(a.ttft))
+        row["ttft_ms_all"] = [float(t) for t in a.ttft]
+        row["recomputed_fraction"] = float(np.mean(a.frac))
+        rows.append(row)
+    return rows

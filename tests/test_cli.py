@@ -1,0 +1,71 @@
+"""The CLI end to end: help, clear errors without tracebacks, and the reporting contract."""
+
+import json
+import subprocess
+import sys
+
+from rcllm.cli import main
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "rcllm.cli", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_help_lists_commands():
+    out = _run("--help")
+    assert out.returncode == 0
+    for cmd in ("demo", "bench", "eval", "build-cache"):
+        assert cmd in out.stdout
+    bench = _run("bench", "--help")
+    for cmd in ("prefill", "ttft", "checkpoints"):
+        assert cmd in bench.stdout
+
+
+def test_missing_weights_is_one_clear_line(tmp_path):
+    out = _run("demo", "--set", f"model.path={tmp_path}/missing.gguf", "--requests", "1")
+    assert out.returncode == 2
+    assert "rcllm: error: model weights not found" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_option_is_one_clear_line():
+    out = _run("demo", "--set", "reuse.item_ratio=7")
+    assert out.returncode == 2 and "item_ratio" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_ttft_report_contract(tiny_model_dir, tmp_path, capsys):
+    path = tmp_path / "ttft.json"
+    rc = main(["bench", "ttft", "--set", f"model.path={tiny_model_dir}", "--set",
+               "model.threads=0", "--requests", "2", "--candidates", "5", "--json", str(path)])
+    assert rc == 0
+    report = json.loads(path.read_text())
+    assert report["name"] == "bench_ttft"
+    assert set(report) == {"name", "config", "rows", "summary"}
+    keys = {"method", "item_ratio", "history_ratio", "ttft_p50_ms", "ttft_p90_ms",
+            "speedup_vs_full", "speedup_vs_prefix", "recomputed_fraction",
+            "flop_bound_speedup", "top1_agreement_vs_full"}
+    methods = [r["method"] for r in report["rows"]]
+    assert {"full", "prefix", "naive", "epic", "cacheblend", "rcllm"} <= set(methods)
+    for row in report["rows"]:
+        assert keys <= set(row)
+    full = next(r for r in report["rows"] if r["method"] == "full")
+    assert full["speedup_vs_full"] == 1.0 and full["recomputed_fraction"] == 1.0
+    assert len(report["summary"]["requests"]) == 2 * len(report["rows"])
+    assert "| variant |" in capsys.readouterr().out
+
+
+def test_eval_report_has_references(tiny_model_dir, tmp_path):
+    path = tmp_path / "eval.json"
+    rc = main(["eval", "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
+               "--requests", "2", "--candidates", "6", "--methods", "naive,rcllm",
+               "--json", str(path), "--plots", str(tmp_path / "plots")])
+    assert rc == 0
+    rows = {r["variant"]: r for r in json.loads(path.read_text())["rows"]}
+    assert {"full", "full_reordered", "full_content_swapped", "naive", "rcllm 0.3/0.3"} <= set(rows)
+    assert rows["full"]["kl_vs_full"] == 0.0
+    for key in ("hr@10", "ndcg@10", "ndcg@10_delta_vs_full_ci_low", "kendall_tau",
+                "hidden_cosine_vs_full", "ttft_p50_ms", "recomputed_fraction"):
+        assert key in rows["rcllm 0.3/0.3"]
+    assert rows["naive"]["recomputed_fraction"] < 1.0
+    assert (tmp_path / "plots" / "ttft_cdf.png").exists()

@@ -1,0 +1,147 @@
+"""Selective recompute: exactness at budget 1.0, RoPE re-alignment, budgets, keys, bad input."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from rcllm.config import RcllmConfig, load
+from rcllm.engine import Engine
+from rcllm.errors import RcllmError
+from rcllm.eval.datasets import load_dataset
+from rcllm.eval.protocol import build_cases
+from rcllm.prompt import RankRequest
+from rcllm.prompt.builder import KINDS
+
+
+@pytest.fixture(scope="module")
+def workload():
+    ds = load_dataset("", "synthetic", num_users=20, num_items=60, seed=3)
+    cases = build_cases(ds, history_window=6, num_negatives=9, seed=0, max_cases=3)
+    return ds, cases
+
+
+def _engine(loaded, ds, *overrides):
+    return Engine(loaded, ds.items, load(RcllmConfig, None, ["reuse.prefix_insert=false",
+                                                             *overrides]))
+
+
+def _req(case):
+    return RankRequest(case.user_id, case.history, case.candidates)
+
+
+def _prime(engine, case):
+    engine.build_items(case.candidates)
+    engine.build_history(case.history)
+
+
+@pytest.mark.parametrize("method", ["rcllm", "cacheblend"])
+def test_full_budget_equals_full_recompute_tiny(tiny_loaded, workload, method):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    for case in cases:
+        _prime(eng, case)
+        full = eng.rank(_req(case), "full", keep_tensors=True)
+        sel = eng.rank(_req(case), method, keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
+        assert sel.stats["chunk_hits"] > 0  # the reuse path really ran
+        assert (full.logits - sel.logits).abs().max().item() < 1e-3
+        assert sel.ranking == full.ranking
+
+
+def test_full_budget_equals_full_recompute_real(real_model, workload):
+    ds, cases = workload
+    eng = _engine(real_model, ds)
+    case = cases[0]
+    _prime(eng, case)
+    full = eng.rank(_req(case), "full", keep_tensors=True)
+    sel = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
+    assert sel.stats["chunk_hits"] > 0
+    assert (full.logits - sel.logits).abs().max().item() < 1e-3
+    prefix = eng.rank(_req(case), "prefix", keep_tensors=True)
+    assert prefix.stats["prefix_tokens"] > 0
+    assert (full.logits - prefix.logits).abs().max().item() < 1e-3
+
+
+def test_chunk_kv_is_position_independent(tiny_loaded):
+    """Pre-RoPE KV of a chunk computed alone at position 0 equals that at position 300, and
+    rotating it to 300 gives the keys attention sees there."""
+    model = tiny_loaded.model
+    ids = torch.tensor(tiny_loaded.tokenizer(" A weekly magazine about gardens.")["input_ids"])
+    at0 = model.forward(ids, return_kv=True)
+    at300 = model.forward(ids, return_kv=True, start_pos=300)
+    assert torch.allclose(at0["k"], at300["k"], atol=1e-4)
+    assert torch.allclose(at0["v"], at300["v"], atol=1e-4)
+    assert torch.allclose(at0["logits"], at300["logits"], atol=1e-4)  # RoPE is relative
+    pos = torch.arange(300, 300 + len(ids))
+    q, k, _ = model.qkv(0, model.embed(ids))
+    assert torch.allclose(model.rope(at0["k"][0], pos), model.rope(k, pos), atol=1e-5)
+
+
+def test_selection_respects_budgets_and_computes_fresh(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[1]
+    _prime(eng, case)
+    res = eng.rank(_req(case), "rcllm", item_ratio=0.2, history_ratio=0.4)
+    s = res.stats
+    by_kind = s["recomputed_by_kind"]
+    assert by_kind["item"] == round(0.2 * s["reused_tokens"]["item"])
+    assert by_kind["history"] == round(0.4 * s["reused_tokens"]["history"])
+    n = s["tokens"]
+    fresh = n - s["prefix_tokens"] - sum(s["reused_tokens"].values())
+    assert by_kind["dynamic"] + by_kind["question"] + by_kind["instruction"] == fresh
+    naive = eng.rank(_req(case), "naive")
+    assert naive.stats["recomputed_tokens"] == fresh
+    epic = eng.rank(_req(case), "epic", epic_k=2)
+    chunks = s["chunk_hits"]
+    assert epic.stats["recomputed_tokens"] == fresh + 2 * chunks
+
+
+def test_cache_keys_change_with_fingerprint(tiny_loaded, workload):
+    ds, _ = workload
+    eng = _engine(tiny_loaded, ds)
+    key = eng.chunk_key("item", (1, 2, 3))
+    other = Engine(dataclasses.replace(tiny_loaded, fingerprint="another-model"), ds.items,
+                   eng.cfg)
+    assert other.chunk_key("item", (1, 2, 3)) != key
+    assert eng.chunk_key("history", (1, 2, 3)) != key
+
+
+def test_chunk_misses_are_computed_then_cached(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    first = eng.rank(_req(cases[2]), "rcllm")
+    assert first.stats["chunk_hits"] == 0 and first.stats["chunk_misses"] > 0
+    again = eng.rank(_req(cases[2]), "rcllm")
+    assert again.stats["chunk_misses"] == 0
+    assert again.stats["chunk_hits"] == first.stats["chunk_misses"]
+
+
+def test_bad_requests_are_clear_errors(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    with pytest.raises(RcllmError, match="unknown candidate"):
+        eng.rank(RankRequest("u", case.history, ("no-such-item",)))
+    with pytest.raises(RcllmError, match="no candidates"):
+        eng.rank(RankRequest("u", case.history, ()))
+    many = tuple(list(ds.items)[:27])
+    with pytest.raises(RcllmError, match="labels"):
+        eng.rank(RankRequest("u", case.history, many))
+    with pytest.raises(RcllmError, match="unknown override"):
+        eng.rank(_req(case), "rcllm", item_rato=0.3)
+    with pytest.raises(RcllmError, match="item_ratio"):
+        eng.rank(_req(case), "rcllm", item_ratio=2.0)
+    small = Engine(tiny_loaded, ds.items, eng.cfg)
+    small.builder.max_context = 100
+    with pytest.raises(RcllmError, match="over the model's context"):
+        small.rank(_req(case))
+
+
+def test_history_window_truncates_oldest(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds, "prompt.history_window=2")
+    case = max(cases, key=lambda c: len(c.history))
+    res = eng.rank(_req(case))
+    assert res.stats["truncated_history"] == len(case.history) - 2
+    assert KINDS.index("history") >= 0
