@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import tiny_transformer
+from tiny_models import tiny_transformer
 from rcllm.config import ModelConfig
 from rcllm.errors import RcllmError
 from rcllm.model.arch import ModelArch
