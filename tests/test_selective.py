@@ -11,7 +11,6 @@ from rcllm.errors import RcllmError
 from rcllm.eval.datasets import load_dataset
 from rcllm.eval.protocol import build_cases
 from rcllm.prompt import RankRequest
-from rcllm.prompt.builder import KINDS
 
 
 @pytest.fixture(scope="module")
@@ -144,4 +143,3 @@ def test_history_window_truncates_oldest(tiny_loaded, workload):
     case = max(cases, key=lambda c: len(c.history))
     res = eng.rank(_req(case))
     assert res.stats["truncated_history"] == len(case.history) - 2
-    assert KINDS.index("history") >= 0

@@ -39,13 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = bench_parser.add_subparsers(dest="bench", metavar="BENCH")
     bench_parser.set_defaults(func=lambda _a: (bench_parser.print_help(), 2)[1])
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (exc.name == name or name.startswith(exc.name + ".")):
-                continue  # that feature is not part of this build
-            raise
-        module.register(top, bench)
+        importlib.import_module(name).register(top, bench)
     return parser
 
 

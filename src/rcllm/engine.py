@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from .config import METHODS, RcllmConfig, ReuseConfig
+from .config import RcllmConfig, ReuseConfig
 from .errors import RcllmError
 from .kvstore.base import ChunkKV, KVStore, MemoryLRUStore, chunk_key
 from .model.loading import LoadedModel
@@ -221,8 +221,3 @@ class Engine:
             for kind, ids in misses:
                 self.ensure_chunk(kind, ids, reuse)
 
-
-def check_method(method: str) -> str:
-    if method not in METHODS:
-        raise RcllmError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
-    return method

@@ -35,7 +35,7 @@ def register(top, bench) -> None:
     d.set_defaults(func=run_demo)
 
 
-def _run(args, name: str) -> dict:
+def _run(args, name: str) -> int:
     from ..bench.ttft import prepare_caches, run_ttft
 
     t0 = time.perf_counter()
@@ -49,7 +49,7 @@ def _run(args, name: str) -> dict:
     variants = default_variants()
     rows, records = run_ttft(engine, cases, variants, progress=True)
     tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
-    summary = {**caches, "requests": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
+    summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
                "wall_s": time.perf_counter() - t0}
     for row in rows:
         if row["method"] == "rcllm":
@@ -62,22 +62,18 @@ def _run(args, name: str) -> dict:
           f"{caches['items_built_ahead']}, history chunks built ahead "
           f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "
           f"computed on the spot; {summary['wall_s']:.0f} s")
-    report = {"name": name, "config": {"engine": cfg, "data": args.data or "synthetic",
-                                       "format": args.format, "requests": args.requests,
-                                       "candidates": args.candidates, "seed": args.seed,
-                                       "new_reviews": args.new_reviews},
-              "rows": rows, "summary": {**summary, "requests_detail": len(records)}}
     if args.json:
-        write_report(args.json, name, report["config"], rows, {**summary, "requests": records})
+        config = {"engine": cfg, "data": args.data or "synthetic", "format": args.format,
+                  "requests": args.requests, "candidates": args.candidates, "seed": args.seed,
+                  "new_reviews": args.new_reviews}
+        write_report(args.json, name, config, rows, {**summary, "requests": records})
         print(f"wrote {args.json}")
-    return report
+    return 0
 
 
 def run(args) -> int:
-    _run(args, "bench_ttft")
-    return 0
+    return _run(args, "bench_ttft")
 
 
 def run_demo(args) -> int:
-    _run(args, "demo")
-    return 0
+    return _run(args, "demo")

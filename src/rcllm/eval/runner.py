@@ -37,15 +37,17 @@ def _vec(result, order) -> np.ndarray:
     return np.array([result.scores[c] for c in order])
 
 
-def _fidelity(ref, res, ref_scores, scores) -> dict:
-    p = torch.log_softmax(ref.logits.double(), -1)
-    q = torch.log_softmax(res.logits.double(), -1)
-    kl = float((p.exp() * (p - q)).sum())
-    cos = float(torch.nn.functional.cosine_similarity(ref.hidden, res.hidden, dim=0))
+def _ranking_fidelity(ref_scores, scores) -> dict:
     return {"top1_agreement": float(M.top1_agreement(ref_scores, scores)),
             "top5_overlap": M.topk_overlap(ref_scores, scores, 5),
-            "kendall_tau": M.kendall_tau(ref_scores, scores),
-            "kl_vs_full": kl, "hidden_cosine_vs_full": cos}
+            "kendall_tau": M.kendall_tau(ref_scores, scores)}
+
+
+def _fidelity(ref, res, ref_scores, scores) -> dict:
+    kl = float(M.kl_from_logits(ref.logits.double().numpy(), res.logits.double().numpy()))
+    cos = float(torch.nn.functional.cosine_similarity(ref.hidden, res.hidden, dim=0))
+    return {**_ranking_fidelity(ref_scores, scores), "kl_vs_full": kl,
+            "hidden_cosine_vs_full": cos}
 
 
 def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False) -> list[dict]:
@@ -69,11 +71,13 @@ def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False) -> 
         reo = engine.rank(RankRequest(case.user_id, case.history, shuffled), "full",
                           keep_tensors=True, prefix_insert=False)
         reo_s = _vec(reo, cands)                       # same items, other labels
-        _record(acc["full_reordered"], reo, reo_s, target, _fidelity(full, reo, full_s, reo_s))
-        # position j shows the text of shuffled[j]; its score stays with candidate j
+        reo_fid = _fidelity(full, reo, full_s, reo_s)
+        _record(acc["full_reordered"], reo, reo_s, target, reo_fid)
+        # position j shows the text of shuffled[j]; its score stays with candidate j. Same
+        # forward pass, so the distribution metrics (KL, cosine) are the reordered ones.
         swp_s = np.array([reo.scores[shuffled[j]] for j in range(len(cands))])
-        _record(acc["full_content_swapped"], reo, swp_s, target,
-                _fidelity(full, reo, full_s, swp_s))
+        swp_fid = {**reo_fid, **_ranking_fidelity(full_s, swp_s)}
+        _record(acc["full_content_swapped"], reo, swp_s, target, swp_fid)
         for v in variants:
             if v.method == "full":
                 continue

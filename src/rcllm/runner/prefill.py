@@ -17,7 +17,7 @@ With a policy that selects every token this is exactly full recompute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +45,6 @@ class PrefillResult:
     layer0_computed: int               # tokens computed at layer 0
     flops: float                       # FLOPs actually done
     full_flops: float                  # FLOPs of a full recompute of the same prompt
-    extras: dict = field(default_factory=dict)
 
 
 def _layer(model: Transformer, layer: int, h: torch.Tensor, idx: torch.Tensor,
@@ -102,7 +101,6 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
     if int(idx[-1]) != n - 1:
         raise ValueError("the last token must be fresh (it produces the output)")
     h = model.embed(inp.ids[idx])
-    extras: dict = {}
     q, k, v = model.qkv(0, h)
     inp.k_buf[0][:, idx] = k
     inp.v_buf[0][:, idx] = v
@@ -125,10 +123,9 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
         probe_tokens = len(idx)
         idx, h = idx[keep], h[keep]
         qkv1 = (q1[:, keep], k1[:, keep].contiguous(), v1[:, keep].contiguous())
-        extras["deviation"], extras["mass"] = dev, mass
     computed = torch.zeros(n, dtype=torch.bool, device=h.device)
     computed[idx] = True
     for layer in range(start, model.arch.num_layers):
         h = _layer(model, layer, h, idx, inp, pos_all, qkv1 if layer == 1 else None)
     flops, full = _count_flops(model, n, computed, layer0, probe_tokens)
-    return PrefillResult(h[-1], computed, int(layer0.sum()), flops, full, extras)
+    return PrefillResult(h[-1], computed, int(layer0.sum()), flops, full)
