@@ -42,9 +42,10 @@ class ReuseConfig:
     method: str = "rcllm"        # one of METHODS
     item_ratio: float = 0.3      # fraction of reused item tokens recomputed (cacheblend uses it too)
     history_ratio: float = 0.3   # fraction of reused history tokens recomputed
-    window: int = 4              # rcllm: first tokens of each chunk always recomputed
+    window: int = 16             # rcllm: first tokens of each chunk recomputed first (in budget)
     epic_k: int = 16             # epic: first k tokens of each chunk recomputed
-    attention_weight: float = 1.0  # rcllm: weight of layer-0 attention mass vs deviation
+    attention_weight: float = 1.0  # rcllm: weight of the attention mass vs deviation
+    attention_layer: int = 0     # rcllm: heavy hitters from layer 0 or layer 1 attention
     chunk_context: str = "template"  # chunks built after: "template" | "instruction" | "none"
     prefix_block: int = 16       # prefix cache granularity in tokens (vLLM-style blocks)
     cache_misses: bool = True    # store the KV of chunk misses after answering
@@ -63,6 +64,8 @@ class ReuseConfig:
             raise RcllmError("reuse.chunk_context must be 'template', 'instruction' or 'none'")
         if self.prefix_block < 1 or self.store_bytes < 1:
             raise RcllmError("reuse.prefix_block and reuse.store_bytes must be positive")
+        if self.attention_layer not in (0, 1):
+            raise RcllmError("reuse.attention_layer must be 0 or 1")
         if self.window < 0 or self.epic_k < 0:
             raise RcllmError("reuse.window and reuse.epic_k must be >= 0")
 

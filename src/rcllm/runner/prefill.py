@@ -118,7 +118,11 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
         dk = (k1[:, reused] - inp.k_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
         dv = (v1[:, reused] - inp.v_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
         dev[r_pos] = (dk + dv).sqrt()
-        chosen = policy.select(inp, Probe(deviation=dev, mass=mass)) | fresh
+        # layer-1 heavy hitters: the last queries over layer-1 keys as the probe recomputed them
+        k1_all = inp.k_buf[1].clone()
+        k1_all[:, idx] = k1
+        mass1 = _attention_mass(model, model.rope(q1, idx), idx, model.rope(k1_all, pos_all))
+        chosen = policy.select(inp, Probe(deviation=dev, mass=mass, mass1=mass1)) | fresh
         keep = chosen[idx]
         probe_tokens = len(idx)
         idx, h = idx[keep], h[keep]

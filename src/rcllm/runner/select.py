@@ -30,6 +30,7 @@ HISTORY, ITEM = KINDS.index("history"), KINDS.index("item")
 class Probe:
     deviation: torch.Tensor  # [N] layer-1 KV deviation of reused tokens (0 elsewhere)
     mass: torch.Tensor       # [N] layer-0 attention mass received from the last queries
+    mass1: torch.Tensor      # [N] the same at layer 1 (over the probe's layer-1 keys)
 
 
 def _top(mask: torch.Tensor, score: torch.Tensor, k: int) -> torch.Tensor:
@@ -89,7 +90,8 @@ class RcllmPolicy(SelectionPolicy):
             if budget == 0:
                 continue
             dev = probe.deviation / probe.deviation[group].mean().clamp_min(1e-12)
-            mass = probe.mass / probe.mass[group].mean().clamp_min(1e-12)
+            raw = probe.mass1 if self.cfg.attention_layer == 1 else probe.mass
+            mass = raw / raw[group].mean().clamp_min(1e-12)
             score = dev + self.cfg.attention_weight * mass
             window = group & (inp.offset < self.cfg.window)
             n_window = int(window.sum())
