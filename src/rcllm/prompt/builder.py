@@ -2,13 +2,13 @@
 
 A prompt is a list of typed segments:
 
-    [instruction] ([history-meta][history chunk])* [items-header] ([label][item chunk])*
-    [question]
+    [instruction] ([bullet][history chunk])* [items-header] ([label][item chunk])* [question]
 
 `history` and `item` segments are *chunks*: their text depends only on the review or the
 item, never on where they appear, so their token ids (and cached KV) are identical in every
-prompt. Everything request-specific — dates, ratings, candidate labels "(A)".."(T)" — lives in
-the small `dynamic` segments between chunks. Each segment is tokenised on its own and the ids
+prompt. A review's own date and rating are part of the review, so they live in its chunk.
+Everything request-specific — candidate labels "(A)".."(T)", separators — lives in the small
+`dynamic` segments between chunks. Each segment is tokenised on its own and the ids
 concatenated, so a chunk's token ids never depend on its neighbours.
 
 Reviews and item texts longer than the configured token limits are cut at the limit (the
@@ -86,7 +86,8 @@ def item_text(item: Item) -> str:
 
 def history_text(entry: HistoryEntry, item: Item | None) -> str:
     title = item.title.strip() if item is not None and item.title.strip() else f"item {entry.item_id}"
-    return f"{title}: {' '.join(entry.review.split())}"
+    when = _dt.datetime.fromtimestamp(entry.timestamp, _dt.timezone.utc).strftime("%Y-%m-%d")
+    return f"[{when}, {entry.rating:g}/5] {title}: {' '.join(entry.review.split())}"
 
 
 class PromptBuilder:
@@ -102,6 +103,7 @@ class PromptBuilder:
         self._instruction = self._encode(INSTRUCTION)
         self._header = self._encode(ITEMS_HEADER)
         self._question = self._encode(QUESTIONS[scorer])
+        self._bullet = self._encode("\n-")
         self._labels = tuple(self._single_token(c) for c in LABELS)
         self._chunk_cache: dict[tuple[str, str], tuple[int, ...]] = {}
 
@@ -122,7 +124,7 @@ class PromptBuilder:
         """Typical dynamic text right before a chunk of `kind` (used to build its KV)."""
         if kind == "item":
             return self._header + self._encode("\n(A)")
-        return self._encode("\n- [2018-01-01, 5/5]")
+        return self._bullet
 
     def item_chunk(self, item_id: ItemId) -> tuple[int, ...]:
         key = ("item", item_id)
@@ -153,8 +155,7 @@ class PromptBuilder:
         history = list(req.history)[-self.cfg.history_window:] if self.cfg.history_window else []
         segs = [Segment("instruction", self._instruction)]
         for entry in history:
-            when = _dt.datetime.fromtimestamp(entry.timestamp, _dt.timezone.utc).strftime("%Y-%m-%d")
-            segs.append(Segment("dynamic", self._encode(f"\n- [{when}, {entry.rating:g}/5]")))
+            segs.append(Segment("dynamic", self._bullet))
             segs.append(Segment("history", self.history_chunk(entry), entry.item_id))
         segs.append(Segment("dynamic", self._header))
         for label, item_id in zip(LABELS, req.candidates):
