@@ -30,3 +30,12 @@ def test_dotted_overrides_convert_types(tmp_path):
 def test_bad_overrides_name_the_problem(override, needle):
     with pytest.raises(RcllmError, match=needle):
         load(RcllmConfig, None, [override])
+
+
+def test_every_option_has_help_text():
+    from rcllm.config import describe
+
+    lines = describe(RcllmConfig)
+    assert len(lines) >= 20
+    for line in lines:
+        assert line.rstrip().endswith(")"), f"option without help: {line}"

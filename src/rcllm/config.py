@@ -20,13 +20,18 @@ from .errors import RcllmError
 METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
 
 
+def opt(default: Any, help_text: str) -> Any:
+    """A dataclass field with its help text (shown by `--help` through `describe`)."""
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    path: str = ""          # GGUF file or HF safetensors folder; "" = the bundled SmolLM2-135M
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    device: str = "cpu"     # cpu | cuda | cuda:N
-    threads: int = 2        # torch intra-op threads on CPU (0 = leave torch's default)
-    cache_dir: str = ""     # where converted weights live; "" = $RCLLM_CACHE or ~/.cache/rcllm
+    path: str = opt("", "GGUF file or HF safetensors folder; \"\" = the bundled SmolLM2-135M")
+    dtype: str = opt("float32", "float32 | bfloat16 | float16")
+    device: str = opt("cpu", "cpu | cuda | cuda:N")
+    threads: int = opt(2, "torch intra-op threads on CPU (0 = leave torch's default)")
+    cache_dir: str = opt("", "where converted weights live; \"\" = $RCLLM_CACHE or ~/.cache/rcllm")
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -39,19 +44,18 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ReuseConfig:
-    method: str = "rcllm"        # one of METHODS
-    item_ratio: float = 0.3      # fraction of reused item tokens recomputed (cacheblend uses it too)
-    history_ratio: float = 0.3   # fraction of reused history tokens recomputed
-    window: int = 16             # rcllm: first tokens of each chunk recomputed first (in budget)
-    epic_k: int = 16             # epic: first k tokens of each chunk recomputed
-    attention_weight: float = 1.0  # rcllm: weight of the attention mass vs deviation
-    attention_layer: int = 0     # rcllm: heavy hitters from layer 0 or layer 1 attention
-    chunk_context: str = "template"  # chunks built after: "template" | "instruction" | "none"
-    prefix_block: int = 16       # prefix cache granularity in tokens (vLLM-style blocks)
-    cache_misses: bool = True    # store the KV of chunk misses after answering
-    prefix_insert: bool = True   # exact prompts (full, prefix) feed the prefix cache; benchmarks
-                                 # turn it off so a request never hits its own earlier run
-    store_bytes: int = 4 << 30   # byte budget of the in-memory chunk store
+    method: str = opt("rcllm", "full | prefix | naive | cacheblend | epic | rcllm")
+    item_ratio: float = opt(0.3, "fraction of reused item tokens recomputed (cacheblend uses it too)")
+    history_ratio: float = opt(0.3, "fraction of reused history tokens recomputed")
+    window: int = opt(16, "rcllm: first tokens of each chunk recomputed first (in budget)")
+    epic_k: int = opt(16, "epic: first k tokens of each chunk recomputed")
+    attention_weight: float = opt(1.0, "rcllm: weight of the attention mass vs deviation")
+    attention_layer: int = opt(0, "rcllm: heavy hitters from layer 0 or layer 1 attention")
+    chunk_context: str = opt("template", "chunks built after: \"template\" | \"instruction\" | \"none\"")
+    prefix_block: int = opt(16, "prefix cache granularity in tokens (vLLM-style blocks)")
+    cache_misses: bool = opt(True, "store the KV of chunk misses after answering")
+    prefix_insert: bool = opt(True, "exact prompts (full, prefix) feed the prefix cache; benchmarks turn it off so a request never hits its own earlier run")
+    store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -72,10 +76,10 @@ class ReuseConfig:
 
 @dataclass(frozen=True)
 class PromptConfig:
-    max_candidates: int = 20     # labels (A)..(T)
-    history_window: int = 10     # most recent reviews used
-    max_review_tokens: int = 96  # a review longer than this is cut (documented truncation)
-    max_item_tokens: int = 96    # item text longer than this is cut
+    max_candidates: int = opt(20, "most candidates per request (labels A..Z, at most 26)")
+    history_window: int = opt(10, "most recent reviews used")
+    max_review_tokens: int = opt(96, "a review longer than this is cut (documented truncation)")
+    max_item_tokens: int = opt(96, "item text longer than this is cut")
 
     def validate(self) -> None:
         if not 1 <= self.max_candidates <= 26:
@@ -184,5 +188,6 @@ def describe(cls: type, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(v):
             lines += describe(type(v), f"{prefix}{f.name}.")
         else:
-            lines.append(f"  {prefix}{f.name} = {v!r}")
+            help_text = f.metadata.get("help", "")
+            lines.append(f"  {prefix}{f.name} = {v!r}" + (f"  ({help_text})" if help_text else ""))
     return lines
