@@ -59,6 +59,7 @@ def test_eval_report_has_references(tiny_model_dir, tmp_path):
     path = tmp_path / "eval.json"
     rc = main(["eval", "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
                "--requests", "2", "--candidates", "6", "--methods", "naive,rcllm",
+               "--permutations", "2",
                "--json", str(path), "--plots", str(tmp_path / "plots")])
     assert rc == 0
     rows = {r["variant"]: r for r in json.loads(path.read_text())["rows"]}

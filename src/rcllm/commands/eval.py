@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..errors import RcllmError
 from ..report import markdown_table, write_report
 from .common import (Variant, add_data_options, add_engine_options, engine_config, load_workload,
                      make_engine, parse_methods)
@@ -26,7 +27,11 @@ def register(top, bench) -> None:
     p.add_argument("--grid", metavar="R1,R2,..",
                    help="also run rcllm at every (item, history) pair of these ratios and plot a "
                         "budget heat map")
-    p.add_argument("--scorer", choices=("verbalizer", "likelihood"), default="verbalizer")
+    p.add_argument("--scorer", choices=("verbalizer", "likelihood"), default="verbalizer",
+                   help="verbalizer: label logits at the last position (LlamaRec); likelihood: "
+                        "mean log-prob of each candidate's title as the continuation")
+    p.add_argument("--permutations", type=int, default=1,
+                   help="average each item's score over this many label orders (default 1)")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.add_argument("--plots", metavar="DIR", help="write ttft_cdf.png (and heatmap.png) here")
     p.set_defaults(func=run)
@@ -45,7 +50,10 @@ def run(args) -> int:
     print(f"workload: {ds.name}, {len(cases)} requests; scorer {args.scorer}")
     engine = make_engine(args, ds, scorer=args.scorer, cfg=cfg)
     prepare_caches(engine, cases, 0, progress=True)
-    rows = evaluate(engine, cases, variants, seed=args.seed, progress=True)
+    if args.permutations < 1:
+        raise RcllmError("--permutations must be >= 1")
+    rows = evaluate(engine, cases, variants, seed=args.seed, progress=True,
+                    permutations=args.permutations)
     print(markdown_table(rows, COLUMNS))
     if args.plots:
         _plots(args.plots, rows, grid)
@@ -53,7 +61,8 @@ def run(args) -> int:
     if args.json:
         write_report(args.json, "eval", {"engine": cfg, "data": args.data or "synthetic",
                                          "format": args.format, "requests": args.requests,
-                                         "scorer": args.scorer, "seed": args.seed}, rows,
+                                         "scorer": args.scorer, "seed": args.seed,
+                                         "permutations": args.permutations}, rows,
                      {"requests": len(cases), "dataset": ds.name, "skipped": ds.skipped})
         print(f"wrote {args.json}")
     return 0

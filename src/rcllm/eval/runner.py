@@ -50,7 +50,24 @@ def _fidelity(ref, res, ref_scores, scores) -> dict:
             "hidden_cosine_vs_full": cos}
 
 
-def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False) -> list[dict]:
+def _rank_avg(engine, case, orders, method: str, **overrides):
+    """Ranks the case under every candidate order; returns (first result, scores averaged per
+    item in case order). With one order this is a plain ranking."""
+    cands = list(case.candidates)
+    first, total = None, np.zeros(len(cands))
+    for order in orders:
+        res = engine.rank(RankRequest(case.user_id, case.history, tuple(order)), method,
+                          keep_tensors=True, prefix_insert=False, **overrides)
+        first = res if first is None else first
+        total += _vec(res, cands)
+    return first, total / len(orders)
+
+
+def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False,
+             permutations: int = 1) -> list[dict]:
+    """One row per variant and reference. permutations > 1 averages each item's score over
+    that many label orders (the first is the case's own order), as Hou et al. do, so that
+    content rather than label position drives the ranking."""
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
@@ -62,28 +79,26 @@ def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False) -> 
     for case in tqdm(cases, desc="evaluating", unit="req", disable=not progress):
         cands = list(case.candidates)
         target = cands.index(case.target)
-        req = RankRequest(case.user_id, case.history, case.candidates)
-        full = engine.rank(req, "full", keep_tensors=True, prefix_insert=False)
-        full_s = _vec(full, cands)
+
+        def shuffled() -> tuple:
+            return tuple(cands[i] for i in rng.permutation(len(cands)))
+
+        orders = [tuple(cands)] + [shuffled() for _ in range(permutations - 1)]
+        other_orders = [shuffled() for _ in range(permutations)]
+        full, full_s = _rank_avg(engine, case, orders, "full")
         _record(acc["full"], full, full_s, target, None)
-        perm = list(rng.permutation(len(cands)))
-        shuffled = tuple(cands[i] for i in perm)
-        reo = engine.rank(RankRequest(case.user_id, case.history, shuffled), "full",
-                          keep_tensors=True, prefix_insert=False)
-        reo_s = _vec(reo, cands)                       # same items, other labels
+        reo, reo_s = _rank_avg(engine, case, other_orders, "full")  # same items, other labels
         reo_fid = _fidelity(full, reo, full_s, reo_s)
         _record(acc["full_reordered"], reo, reo_s, target, reo_fid)
-        # position j shows the text of shuffled[j]; its score stays with candidate j. Same
-        # forward pass, so the distribution metrics (KL, cosine) are the reordered ones.
-        swp_s = np.array([reo.scores[shuffled[j]] for j in range(len(cands))])
+        # position j shows the text of other_orders[0][j]; its score stays with candidate j.
+        # Same forward pass, so the distribution metrics (KL, cosine) are the reordered ones.
+        swp_s = np.array([reo.scores[other_orders[0][j]] for j in range(len(cands))])
         swp_fid = {**reo_fid, **_ranking_fidelity(full_s, swp_s)}
         _record(acc["full_content_swapped"], reo, swp_s, target, swp_fid)
         for v in variants:
             if v.method == "full":
                 continue
-            res = engine.rank(req, v.method, keep_tensors=True, prefix_insert=False,
-                              **v.overrides())
-            s = _vec(res, cands)
+            res, s = _rank_avg(engine, case, orders, v.method, **v.overrides())
             _record(acc[v.label], res, s, target, _fidelity(full, res, full_s, s))
     return _rows(acc, variants, engine.scorer, len(cases))
 
