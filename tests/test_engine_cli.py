@@ -70,3 +70,25 @@ def test_eval_report_has_references(tiny_model_dir, tmp_path):
         assert key in rows["rcllm 0.3/0.3"]
     assert rows["naive"]["recomputed_fraction"] < 1.0
     assert (tmp_path / "plots" / "ttft_cdf.png").exists()
+
+
+def test_rank_one_request(tiny_model_dir, tmp_path, capsys):
+    from rcllm.eval.datasets import load_dataset
+    from rcllm.commands.common import DEFAULT_SYNTHETIC
+
+    ds = load_dataset("", "synthetic", **DEFAULT_SYNTHETIC)
+    user, hist = next(iter(ds.users.items()))
+    cands = [i for i in ds.items if i not in {h.item_id for h in hist}][:4]
+    req = {"user_id": user, "candidates": cands, "method": "naive",
+           "history": [{"item_id": h.item_id, "rating": h.rating, "review": h.review,
+                        "timestamp": h.timestamp} for h in hist[:3]]}
+    path = tmp_path / "req.json"
+    path.write_text(json.dumps(req))
+    rc = main(["rank", "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
+               "--request", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "method naive" in out
+    assert all(c in out for c in cands)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"user_id": "u"}))
+    assert _run("rank", "--request", str(bad)).stderr.strip().endswith("missing field 'candidates'")
