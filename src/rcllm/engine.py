@@ -183,7 +183,9 @@ class Engine:
         t0 = time.perf_counter()
         reuse = self.reuse_config(req, method, **overrides)
         prompt = self.builder.build(req)
+        t1 = time.perf_counter()
         inp, stats, misses = self._assemble(prompt, reuse)
+        t2 = time.perf_counter()
         res = prefill(self.model, inp, make_policy(reuse))
         logits = self.model.logits(res.hidden_last)
         ttft_ms = (time.perf_counter() - t0) * 1e3
@@ -206,6 +208,9 @@ class Engine:
             "layer0_tokens": res.layer0_computed,
             "flops": res.flops, "full_flops": res.full_flops,
             "truncated_history": prompt.truncated_history,
+            # where the time went: prompt build + tokenise, cache lookup + KV gather, prefill
+            "build_ms": (t1 - t0) * 1e3, "assemble_ms": (t2 - t1) * 1e3,
+            "prefill_ms": ttft_ms - (t2 - t0) * 1e3,
         })
         result = RankResult(ranking, scores, reuse.method, ttft_ms, total_ms, stats)
         if keep_tensors:

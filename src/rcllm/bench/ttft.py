@@ -57,7 +57,8 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
                             "recomputed_tokens": s["recomputed_tokens"],
                             "reused_tokens": sum(s["reused_tokens"].values()) + s["prefix_tokens"],
                             "prefix_tokens": s["prefix_tokens"],
-                            "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms})
+                            "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms,
+                            "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"]})
     p50 = {label: statistics.median(x[0] for x in vals) for label, vals in per.items()}
     full_p50 = p50.get("full")
     prefix_p50 = p50.get("prefix")
