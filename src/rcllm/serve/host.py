@@ -1,0 +1,146 @@
+"""One engine with a mutable catalog: ranking, and item updates built off the request path.
+
+Contract: every engine call holds `lock` (the engine is not thread-safe). An item update is
+built first (its chunk KV computed and stored), then swapped into the catalog in one step
+under the lock, so a request sees either the old item or the new one with its KV, never a
+half-built entry. Updates of one id are versioned: the latest PUT or DELETE wins, an older
+build finishing later is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+from ..engine import Engine
+from ..errors import RcllmError
+from ..prompt.builder import PromptBuilder, RankRequest
+from ..records import HistoryEntry, Item, ItemId
+from .worker import Overloaded
+
+log = logging.getLogger(__name__)
+MAX_PENDING_BUILDS = 4096
+
+
+class EngineHost:
+    def __init__(self, engine: Engine) -> None:
+        if not isinstance(engine.builder.catalog, dict):
+            raise RcllmError("serving needs a mutable (dict) catalog")
+        self.engine = engine
+        self.catalog: dict[ItemId, Item] = engine.builder.catalog
+        self.lock = threading.Lock()
+        self._latest: dict[ItemId, int] = {}   # newest version requested per id
+        self._live: dict[ItemId, int] = {}     # version requests see per id
+        self._builds: queue.Queue = queue.Queue()
+        self._mu = threading.Lock()            # guards the two version maps
+        self._thread = threading.Thread(target=self._build_loop, name="rcllm-items", daemon=True)
+        self._thread.start()
+
+    # ---- requests -------------------------------------------------------------------------
+    def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Ranks a request given as `schemas.RankIn.model_dump()`; raises RcllmError."""
+        req = RankRequest(
+            user_id=payload["user_id"],
+            history=tuple(HistoryEntry(ItemId(h["item_id"]), float(h["rating"]), h["review"],
+                                       int(h["timestamp"])) for h in payload["history"]),
+            candidates=tuple(ItemId(c) for c in payload["candidates"]))
+        overrides = {k: payload[k] for k in ("item_ratio", "history_ratio")
+                     if payload.get(k) is not None}
+        with self.lock:
+            res = self.engine.rank(req, payload.get("method"), **overrides)
+        return {"ranking": list(res.ranking), "scores": res.scores, "method": res.method,
+                "ttft_ms": res.ttft_ms, "total_ms": res.total_ms, "stats": res.stats}
+
+    # ---- catalog ----------------------------------------------------------------------------
+    def submit_items(self, items: list[Item]) -> None:
+        """Queues builds; the items become visible once built. Raises Overloaded when too
+        many builds are pending."""
+        with self._mu:
+            if self.pending() + len(items) > MAX_PENDING_BUILDS:
+                raise Overloaded(5)
+            jobs = []
+            for it in items:
+                self._latest[it.item_id] = self._latest.get(it.item_id, 0) + 1
+                jobs.append((it, self._latest[it.item_id]))
+        self._builds.put(jobs)
+
+    def delete_item(self, item_id: ItemId) -> bool:
+        """Removes the item now (and cancels its pending builds); False when unknown."""
+        with self._mu:
+            known = item_id in self.catalog or self._is_pending(item_id)
+            self._latest[item_id] = self._latest.get(item_id, 0) + 1
+            self._live[item_id] = self._latest[item_id]
+        with self.lock:
+            self.catalog.pop(item_id, None)
+            self._forget_chunk(item_id)
+        return known
+
+    def item(self, item_id: ItemId) -> tuple[Item | None, bool]:
+        """(the item requests see now or None, whether a newer version is being built)."""
+        with self._mu:
+            return self.catalog.get(item_id), self._is_pending(item_id)
+
+    def pending(self) -> int:
+        return sum(1 for i in self._latest if self._is_pending(i))
+
+    def _is_pending(self, item_id: ItemId) -> bool:
+        return self._latest.get(item_id, 0) != self._live.get(item_id, 0)
+
+    def item_tokens(self) -> dict[str, int]:
+        """Token count of every catalog item's chunk (for routing estimates)."""
+        with self.lock:
+            return {str(i): len(self.engine.builder.item_chunk(i)) for i in list(self.catalog)}
+
+    def cached_items(self) -> list[str]:
+        """Catalog items whose chunk KV is in this engine's store now."""
+        with self.lock:
+            b, e = self.engine.builder, self.engine
+            return [str(i) for i in list(self.catalog)
+                    if e.store.contains(e.chunk_key("item", b.item_chunk(i)))]
+
+    def build_items(self, item_ids: list[str]) -> int:
+        with self.lock:
+            return self.engine.build_items([ItemId(i) for i in item_ids if i in self.catalog])
+
+    def close(self) -> None:
+        self._builds.put(None)
+        self._thread.join(timeout=30)
+
+    def _forget_chunk(self, item_id: ItemId) -> None:
+        # PromptBuilder memoises item token ids by id; an updated item must be re-tokenised.
+        # (Private access: a public PromptBuilder.forget_item would be cleaner.)
+        self.engine.builder._chunk_cache.pop(("item", item_id), None)
+
+    def _build_loop(self) -> None:
+        while True:
+            jobs = self._builds.get()
+            if jobs is None:
+                return
+            for item, version in jobs:
+                try:
+                    self._build_one(item, version)
+                except Exception:  # noqa: BLE001 - a bad item must not stop the builder
+                    log.exception("building item %s failed", item.item_id)
+                    with self._mu:
+                        if self._latest.get(item.item_id) == version:
+                            self._live[item.item_id] = version
+
+    def _build_one(self, item: Item, version: int) -> None:
+        e = self.engine
+        if self._latest.get(item.item_id) != version:
+            return                              # superseded before we started
+        scratch = PromptBuilder(e.loaded.tokenizer, {item.item_id: item}, e.cfg.prompt,
+                                e.model.arch.max_positions, e.scorer)
+        ids = scratch.item_chunk(item.item_id)
+        with self.lock:                          # build first ...
+            key = e.chunk_key("item", ids)
+            if not e.store.contains(key):
+                e.store.put(key, e.compute_chunk("item", ids))
+            with self._mu:                       # ... then swap, unless superseded meanwhile
+                if self._latest.get(item.item_id) != version:
+                    return
+                self.catalog[item.item_id] = item
+                self._forget_chunk(item.item_id)
+                self._live[item.item_id] = version

@@ -1,0 +1,63 @@
+"""Prometheus metrics of one app, in the app's own registry (no process-global state).
+
+Names (all prefixed `rcllm_`): requests_total{endpoint,status}, rejected_total (429),
+ttft_seconds (histogram), recomputed_fraction (histogram), chunk_lookups_total{result},
+chunk_hit_ratio (cumulative, gauge), reused_tokens_total{kind}, recomputed_tokens_total{kind},
+queue_depth (gauge), item_builds_pending (gauge).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self, queue_depth: Callable[[], int], pending: Callable[[], int]) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("rcllm_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "status"], registry=r)
+        self.rejected = Counter("rcllm_rejected", "requests refused with 429 (queue full)",
+                                registry=r)
+        self.ttft = Histogram("rcllm_ttft_seconds", "time to first token of /v1/rank",
+                              buckets=TTFT_BUCKETS_S, registry=r)
+        self.recomputed = Histogram("rcllm_recomputed_fraction",
+                                    "fraction of prompt tokens recomputed per request",
+                                    buckets=[i / 10 for i in range(1, 11)], registry=r)
+        self.lookups = Counter("rcllm_chunk_lookups", "chunk store lookups by result",
+                               ["result"], registry=r)
+        self.reused = Counter("rcllm_reused_tokens", "tokens whose KV was reused, by kind",
+                              ["kind"], registry=r)
+        self.recomputed_tokens = Counter("rcllm_recomputed_tokens",
+                                         "tokens computed by the prefill, by kind", ["kind"],
+                                         registry=r)
+        self.hit_ratio = Gauge("rcllm_chunk_hit_ratio", "chunk hits / lookups since start",
+                               registry=r)
+        Gauge("rcllm_queue_depth", "requests admitted, waiting or running",
+              registry=r).set_function(queue_depth)
+        Gauge("rcllm_item_builds_pending", "item KV builds not yet swapped in",
+              registry=r).set_function(pending)
+        self._hits = 0
+        self._lookups = 0
+
+    def observe_rank(self, out: dict[str, Any]) -> None:
+        st = out["stats"]
+        self.ttft.observe(out["ttft_ms"] / 1e3)
+        self.recomputed.observe(st.get("recomputed_fraction", 1.0))
+        hits, misses = st.get("chunk_hits", 0), st.get("chunk_misses", 0)
+        self.lookups.labels("hit").inc(hits)
+        self.lookups.labels("miss").inc(misses)
+        self._hits += hits
+        self._lookups += hits + misses
+        if self._lookups:
+            self.hit_ratio.set(self._hits / self._lookups)
+        for kind, n in st.get("reused_tokens", {}).items():
+            self.reused.labels(kind).inc(n)
+        for kind, n in st.get("recomputed_by_kind", {}).items():
+            self.recomputed_tokens.labels(kind).inc(n)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
