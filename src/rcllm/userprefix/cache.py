@@ -1,8 +1,9 @@
 """The per-user prefix cache: key `user_id:hash(history):fingerprint`, TTL, LRU by bytes.
 
 - One live entry per user: storing a new key for a user (the history changed) drops the old.
-- TTL: `ttl_s` when set, else min(3 × the user's mean request gap, `max_ttl_s`); a user with no
-  gap observed yet gets `max_ttl_s`. An expired entry is a miss and is removed.
+- TTL: `ttl_s` when set, else min(3 × the user's mean request gap, `max_ttl_s`), floored at
+  `min_ttl_s`; a user with no gap observed yet gets `max_ttl_s`. Expiry slides: a store or a
+  hit sets it to now + the user's current TTL. An expired entry is a miss and is removed.
 - A model update (`set_fingerprint`) clears everything, spill tier included.
 - LRU by bytes: over `max_bytes`, the least recently used entries are evicted — into the host
   spill tier (the expander) when one is configured, where a later lookup can take them back.
@@ -34,6 +35,7 @@ class PrefixCacheConfig:
     max_bytes: int = 1 << 30          # device-tier budget
     ttl_s: float = 0.0                # 0: adaptive min(3 × mean gap, max_ttl_s)
     max_ttl_s: float = 300.0
+    min_ttl_s: float = 1.0            # floor of the adaptive TTL (back-to-back requests)
     int8: bool = False                # store INT8 K/V with per-channel scales
     refresh_every: int = 50           # full recompute after this many appends
     spill_bytes: int = 0              # host spill tier budget (the expander); 0 = off
@@ -44,7 +46,7 @@ class PrefixCacheConfig:
     def validate(self) -> None:
         if self.max_bytes <= 0 or self.spill_bytes < 0:
             raise RcllmError("userprefix cache: max_bytes must be > 0 and spill_bytes >= 0")
-        if self.ttl_s < 0 or self.max_ttl_s <= 0 or self.spill_ttl_s <= 0:
+        if min(self.ttl_s, self.min_ttl_s) < 0 or min(self.max_ttl_s, self.spill_ttl_s) <= 0:
             raise RcllmError("userprefix cache: TTLs must be positive (ttl_s 0 = adaptive)")
         if self.refresh_every < 1 or self.hit_rate_window < 1:
             raise RcllmError("userprefix cache: refresh_every and hit_rate_window must be >= 1")
@@ -97,7 +99,7 @@ class UserPrefixCache:
         gap = self._gaps.get(user_id)
         if gap is None or gap.count == 0:
             return self.cfg.max_ttl_s
-        return min(3.0 * gap.total_s / gap.count, self.cfg.max_ttl_s)
+        return max(self.cfg.min_ttl_s, min(3.0 * gap.total_s / gap.count, self.cfg.max_ttl_s))
 
     # ---- lookups ------------------------------------------------------------------------
     def lookup(self, key: PrefixKey, count: bool = True) -> CachedPrefix | None:
@@ -119,7 +121,9 @@ class UserPrefixCache:
         with self._lock:
             item = self._entries.get(key)
             if item is not None:
-                if item[1] > self._clock():
+                now = self._clock()
+                if item[1] > now:  # sliding expiry: a hit re-arms the user's current TTL
+                    self._entries[key] = (item[0], now + self.ttl_s(item[0].user_id))
                     self._entries.move_to_end(key)
                     return item[0]
                 self._drop(key)

@@ -4,8 +4,8 @@
 compute per user key, singleflight), and scores every candidate in one batched pass. On a miss
 the prefix is built incrementally when the cache still holds the user's previous prefix and
 that prefix's history is a prefix of the new history: only the new entries run (forward with
-past). Every `refresh_every`-th append is a full recompute instead, which bounds the drift an
-INT8 past accumulates.
+past). After `refresh_every` appends in a row the next change is a full recompute, which bounds
+the drift an INT8 past accumulates.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class UserPrefixRanker:
     def _build(self, side: UserSide, history: Sequence[HistoryEntry]) -> CachedPrefix:
         base = self.cache.latest(side.user_id)
         refresh = self.cache.cfg.refresh_every
-        if (base is not None and base.entries <= len(history) and base.appends + 1 < refresh
+        if (base is not None and base.entries <= len(history) and base.appends < refresh
                 and history_hash(history[: base.entries]) == base.history_hash):
             past = base.stored.load(self.model.dtype, self.model.device)
             kv = append_prefix(self.model, past, self.prompt.history_ids(history[base.entries:]))
