@@ -23,7 +23,7 @@ from .guard import Guard
 from .metrics import Metrics
 from .schemas import ErrorOut, ItemOut, ItemsAccepted, ItemsIn, RankIn, RankOut
 from .settings import ServeSettings
-from .worker import Overloaded
+from .worker import Overloaded, Unavailable
 
 # engine messages → the request field they are about (first match wins)
 FIELD_HINTS = (("candidate", "candidates"), ("prompt has", "history"),
@@ -144,6 +144,10 @@ def _install_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def overloaded(_req: Request, exc: Overloaded) -> JSONResponse:
         metrics.rejected.inc()
         return error(429, "request", str(exc), {"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(Unavailable)
+    async def unavailable(_req: Request, exc: Unavailable) -> JSONResponse:
+        return error(503, "request", str(exc), {"Retry-After": "5"})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:

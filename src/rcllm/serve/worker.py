@@ -26,6 +26,10 @@ class Overloaded(Exception):
         self.retry_after_s = retry_after_s
 
 
+class Unavailable(Exception):
+    """No instance can serve the request (all dead or not started)."""
+
+
 class EngineWorker:
     def __init__(self, capacity: int, name: str = "rcllm-engine") -> None:
         self.capacity = capacity

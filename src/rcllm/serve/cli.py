@@ -1,0 +1,94 @@
+"""`rcllm serve`: the HTTP API on 127.0.0.1, one engine in this process or K Ray instances."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from ..errors import RcllmError
+
+log = logging.getLogger(__name__)
+
+
+def register(top, bench) -> None:
+    from ..commands.common import add_engine_options
+    from ..schedule import POLICIES
+    from .settings import ServeSettings
+
+    d = ServeSettings()
+    p = top.add_parser("serve", help="serve the ranking API over HTTP (127.0.0.1 by default)",
+                       formatter_class=argparse.RawTextHelpFormatter)
+    add_engine_options(p)
+    p.add_argument("--data", metavar="PATH",
+                   help="dataset whose items form the catalog (default: the built-in synthetic one)")
+    p.add_argument("--format", default="amazon2018", help="dataset format (default amazon2018)")
+    p.add_argument("--category", help="category when --data is an Amazon folder")
+    p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host})")
+    p.add_argument("--port", type=int, default=d.port, help=f"port (default {d.port})")
+    p.add_argument("--queue-size", type=int, default=d.queue_size,
+                   help=f"requests admitted per instance before 429 (default {d.queue_size})")
+    p.add_argument("--max-candidates", type=int, default=d.max_candidates,
+                   help=f"candidates per request (default {d.max_candidates})")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help=f"largest request body (default {d.max_body_bytes})")
+    p.add_argument("--token-env", metavar="VAR",
+                   help="require `Authorization: Bearer <token>` with the token read from this "
+                        "environment variable (a token is never passed on the command line)")
+    p.add_argument("--build-items", action="store_true",
+                   help="single process: build every catalog item's KV before serving")
+    p.add_argument("--instances", type=int, default=1,
+                   help="K > 1: K Ray instance actors behind a router (default 1: no Ray)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    p.add_argument("--policy", default="affinity", choices=POLICIES,
+                   help="routing policy with --instances (default affinity)")
+    p.set_defaults(func=run)
+
+
+def settings_from(args):
+    from .settings import ServeSettings
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise RcllmError(f"--token-env: ${args.token_env} is empty or unset")
+    s = ServeSettings(host=args.host, port=args.port, queue_size=args.queue_size,
+                      max_body_bytes=args.max_body_bytes, max_candidates=args.max_candidates,
+                      token=token)
+    s.validate()
+    return s
+
+
+def make_backend(args):
+    """The backend the arguments ask for: LocalBackend, or RayBackend with --instances > 1."""
+    from .spec import EngineSpec
+
+    spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format, args.category,
+                      args.kv_dir)
+    if args.instances > 1 or args.address:
+        try:
+            from .router import RayBackend
+        except ImportError as exc:
+            raise RcllmError(f"--instances needs ray ({exc}); pip install ray") from None
+        return RayBackend(spec, args.instances, args.queue_size, args.policy, args.address)
+    from .local import LocalBackend
+
+    engine, ds = spec.build()
+    if args.build_items:
+        engine.build_items(list(ds.items), progress=True)
+    return LocalBackend(engine, args.queue_size)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from .app import create_app
+
+    settings = settings_from(args)
+    if settings.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: reachable beyond this machine", settings.host)
+    app = create_app(make_backend(args), settings)
+    print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs)")
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0

@@ -1,0 +1,164 @@
+"""The Ray deployment: K instance actors behind a global router (`RayBackend`).
+
+Placement: item KV is sharded over instances with `catalog.sharding.build_placement` (METIS on
+the co-occurrence of the dataset's user histories, hottest `hot_fraction` replicated); every
+instance keeps the whole catalog, so an item off its shard is recomputed there (and cached
+after the answer). Routing: a `rcllm.schedule` policy (affinity by default) over live views of
+the instances that still have room. Admission: at most `queue_size` requests in flight per
+instance, beyond that 429. Failure: a call that fails because its actor died marks the
+instance dead and the request is retried on another live instance; a refused request
+({"error"}) is answered, never retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from ..catalog.sharding import build_placement
+from ..errors import RcllmError
+from ..records import Item
+from ..schedule import CostModel, MethodConfig, cpu_smollm2_profile, make_policy
+from .instance import Instance
+from .spec import EngineSpec
+from .views import LiveInstance, cluster_view, routing_request
+from .worker import Overloaded, Unavailable
+
+log = logging.getLogger(__name__)
+
+
+class RayBackend:
+    def __init__(self, spec: EngineSpec, num_instances: int, queue_size: int,
+                 policy: str = "affinity", address: str | None = None,
+                 hot_fraction: float = 0.05, object_store_bytes: int = 256 << 20) -> None:
+        import ray
+
+        if num_instances < 1:
+            raise RcllmError("--instances must be >= 1")
+        self._ray = ray
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            local = {} if address else {"num_cpus": os.cpu_count() or 2,
+                                        "object_store_memory": object_store_bytes}
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+        self.queue_size = queue_size
+        actor = ray.remote(num_cpus=0, max_concurrency=queue_size + 2, max_restarts=0)(Instance)
+        self.actors = [actor.remote(k, spec) for k in range(num_instances)]
+        ray.get([a.ping.remote() for a in self.actors])
+        self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
+        held = self._place(spec, num_instances, hot_fraction)
+        ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
+        self.instances = [LiveInstance(k, set(items)) for k, items in enumerate(held)]
+        self.profile = cpu_smollm2_profile()
+        self.policy = make_policy(policy, CostModel(self.profile, MethodConfig()))
+        self.retries = 0
+
+    def _place(self, spec: EngineSpec, k: int, hot_fraction: float) -> list[list[str]]:
+        """Items whose KV each instance builds at start: its shard plus the hot items."""
+        ds = spec.dataset()
+        trace = [[str(h.item_id) for h in hist] for hist in ds.users.values()]
+        placement = build_placement(trace, dict(self.item_tokens), k, hot_fraction,
+                                    method="metis" if k > 1 else "hash")
+        shards = placement.shard_items()
+        return [sorted(set(shards[i]) | set(placement.hot)) for i in range(k)]
+
+    # ---- requests -------------------------------------------------------------------------
+    async def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        request = routing_request(payload, self.item_tokens)
+        tried: set[int] = set()
+        first = True
+        while True:
+            live = [i for i in self.instances if i.alive and i.index not in tried]
+            if not live:
+                raise Unavailable("no live instance can serve the request")
+            if first:       # admission; a retry of an admitted request is never refused
+                live = [i for i in live if i.inflight < self.queue_size]
+                if not live:
+                    raise Overloaded(self._retry_after_s())
+                first = False
+            inst = live[self.policy.choose(request, cluster_view(live, self.profile))]
+            inst.inflight += 1
+            t0 = time.perf_counter()
+            try:
+                out = await self.actors[inst.index].rank.remote(payload)
+            except (RayActorError, ActorUnavailableError) as exc:
+                inst.inflight -= 1
+                self._lost(inst, exc)
+                tried.add(inst.index)
+                self.retries += 1
+                continue
+            inst.finished((time.perf_counter() - t0) * 1e3, list(payload["candidates"]))
+            if "error" in out:
+                raise RcllmError(out["error"])
+            return out
+
+    def _lost(self, inst: LiveInstance, exc: BaseException) -> None:
+        if inst.alive:
+            log.warning("instance %d is dead (%s); its requests go elsewhere", inst.index,
+                        type(exc).__name__)
+        inst.alive = False
+        inst.failures.append(type(exc).__name__)
+
+    def _retry_after_s(self) -> int:
+        live = [i for i in self.instances if i.alive] or self.instances
+        wait_ms = min(i.inflight * i.service_ms for i in live)
+        return max(1, int(wait_ms / 1e3 + 0.999))
+
+    # ---- catalog (replicated to every live instance) ------------------------------------------
+    def _on_all(self, method: str, *args) -> list[Any]:
+        """Calls `method` on every live instance; instances that fail are marked dead."""
+        refs = [(i, getattr(self.actors[i.index], method).remote(*args))
+                for i in self.instances if i.alive]
+        out = []
+        for inst, ref in refs:
+            try:
+                out.append(self._ray.get(ref, timeout=30))
+            except Exception as exc:  # noqa: BLE001 - a dead or stuck instance
+                self._lost(inst, exc)
+        if not out:
+            raise Unavailable("no live instance")
+        return out
+
+    def submit_items(self, items: list[Item]) -> int:
+        rows = [{"item_id": str(i.item_id), "title": i.title, "description": i.description,
+                 "category": i.category} for i in items]
+        pending = max(self._on_all("submit_items", rows))
+        for inst in self.instances:
+            inst.cached.update(r["item_id"] for r in rows)
+        return pending
+
+    def delete_item(self, item_id: str) -> bool:
+        for inst in self.instances:
+            inst.cached.discard(item_id)
+        return any(self._on_all("delete_item", item_id))
+
+    def get_item(self, item_id: str) -> tuple[Item | None, bool]:
+        answers = self._on_all("item", item_id)
+        row = answers[0][0]
+        return (None if row is None else Item(**row)), any(p for _row, p in answers)
+
+    def pending(self) -> int:
+        return max(self._on_all("pending"))
+
+    def queue_depth(self) -> int:
+        return sum(i.inflight for i in self.instances if i.alive)
+
+    def ready(self) -> bool:
+        return any(i.alive for i in self.instances)
+
+    def kill_instance(self, index: int) -> None:
+        """Kills one actor (fault-injection for tests); the router finds out on its next call."""
+        self._ray.kill(self.actors[index], no_restart=True)
+
+    def close(self) -> None:
+        for a in self.actors:
+            try:
+                self._ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        if self._owns_ray:
+            self._ray.shutdown()
