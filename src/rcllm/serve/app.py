@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import RcllmError
@@ -116,9 +116,9 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
             return JSONResponse({"ready": True, "queue_depth": backend.queue_depth()})
         return error(503, "request", "not ready")
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
                        count=lambda ep, status: metrics.requests.labels(ep, str(status)).inc())

@@ -43,6 +43,10 @@ def register(top, bench) -> None:
     p.add_argument("--policy", default="affinity", choices=POLICIES,
                    help="routing policy with --instances (default affinity)")
     p.set_defaults(func=run)
+    if bench is not None:
+        from .bench import register_bench
+
+        register_bench(bench)
 
 
 def settings_from(args):

@@ -6,7 +6,7 @@ checked in `app` and answered with the same error shape.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,7 +24,8 @@ class RankIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user_id: str = Field(min_length=1, max_length=128)
     history: list[HistoryIn] = Field(default_factory=list, max_length=1000)
-    candidates: list[str] = Field(min_length=1, max_length=26)
+    candidates: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        min_length=1, max_length=26)
     method: Literal[METHODS] | None = None  # type: ignore[valid-type]
     item_ratio: float | None = Field(default=None, ge=0, le=1)
     history_ratio: float | None = Field(default=None, ge=0, le=1)

@@ -1,0 +1,59 @@
+"""An open-loop load generator over HTTP: requests at a fixed rate, bounded in count and time.
+
+Open loop (arrivals do not wait for answers), so queueing and 429s show up as they would
+with independent clients. Every request is accounted for: answered (200), refused (429),
+refused for bad input (4xx) or failed (5xx / transport error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+
+async def _one(client: httpx.AsyncClient, body: dict, at_s: float, t0: float) -> dict[str, Any]:
+    await asyncio.sleep(max(0.0, t0 + at_s - time.perf_counter()))
+    sent = time.perf_counter()
+    try:
+        r = await client.post("/v1/rank", json=body)
+    except httpx.HTTPError as exc:
+        return {"status": -1, "error": type(exc).__name__}
+    out = {"status": r.status_code, "latency_ms": (time.perf_counter() - sent) * 1e3}
+    if r.status_code == 200:
+        js = r.json()
+        out.update(ttft_ms=js["ttft_ms"], instance=js["instance"],
+                   recomputed_fraction=js["stats"]["recomputed_fraction"])
+    return out
+
+
+async def _run(url: str, bodies: list[dict], qps: float, timeout_s: float) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s,
+                                 limits=httpx.Limits(max_connections=256)) as client:
+        t0 = time.perf_counter()
+        return await asyncio.gather(*(_one(client, b, k / qps, t0) for k, b in enumerate(bodies)))
+
+
+def run_load(url: str, bodies: list[dict], qps: float, timeout_s: float = 120.0) -> dict:
+    """Sends `bodies` at `qps` and summarises: throughput, latency and TTFT percentiles."""
+    t0 = time.perf_counter()
+    rows = asyncio.run(_run(url, bodies, qps, timeout_s))
+    wall_s = time.perf_counter() - t0
+    ok = [r for r in rows if r["status"] == 200]
+    lat = np.array([r["latency_ms"] for r in ok]) if ok else np.zeros(1)
+    ttft = np.array([r["ttft_ms"] for r in ok]) if ok else np.zeros(1)
+    per_instance: dict[int, int] = {}
+    for r in ok:
+        per_instance[r["instance"]] = per_instance.get(r["instance"], 0) + 1
+    return {"sent": len(rows), "ok": len(ok),
+            "rejected_429": sum(r["status"] == 429 for r in rows),
+            "failed": sum(r["status"] not in (200, 429) for r in rows),
+            "wall_s": wall_s, "throughput_rps": len(ok) / wall_s,
+            "latency_p50_ms": float(np.percentile(lat, 50)),
+            "latency_p99_ms": float(np.percentile(lat, 99)),
+            "ttft_p50_ms": float(np.percentile(ttft, 50)),
+            "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "per_instance": dict(sorted(per_instance.items()))}
