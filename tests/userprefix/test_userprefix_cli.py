@@ -1,0 +1,61 @@
+"""`register` adds the two bench commands; the relay simulation and its report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from rcllm.userprefix.cli import register
+from rcllm.userprefix.relay_sim import SimParams, max_rate, simulate, user_lengths
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rcllm")
+    top = parser.add_subparsers(dest="command")
+    bench = top.add_parser("bench").add_subparsers(dest="bench")
+    register(top, bench)
+    return parser
+
+
+def test_register_adds_userprefix_commands():
+    args = _parser().parse_args(["bench", "userprefix", "--candidates", "5,10"])
+    assert args.candidates == "5,10" and args.prefix_tokens == 1500 and callable(args.func)
+
+
+def test_relay_bench_report(tmp_path):
+    out = tmp_path / "relay.json"
+    args = _parser().parse_args(["bench", "userprefix-relay", "--requests", "600",
+                                 "--json", str(out)])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    base, relay = report["rows"]
+    assert report["name"] == "bench_userprefix_relay"
+    assert relay["slo_throughput_per_s"] >= base["slo_throughput_per_s"]
+    assert relay["longest_tokens"] >= base["longest_tokens"]
+
+
+def test_relay_removes_prefix_from_the_critical_path():
+    p = SimParams(requests=500)
+    tokens = np.full(p.requests, 2000)
+    base = simulate(p, 2.0, tokens, relay=False)   # a nearly idle cluster
+    relay = simulate(p, 2.0, tokens, relay=True)
+    full = p.fixed_ms + p.per_token_ms * 2000 + p.per_candidate_ms * p.candidates
+    assert np.median(base) >= full - 1e-9
+    assert np.median(relay) < full - 0.9 * p.per_token_ms * 2000
+
+
+def test_short_users_are_not_prewarmed():
+    p = SimParams(requests=300)
+    tokens = np.full(p.requests, 100)  # under min_prefix_tokens: the trigger declines
+    assert np.allclose(simulate(p, 5.0, tokens, True), simulate(p, 5.0, tokens, False))
+    assert max_rate(p, user_lengths(p, 1500), True, 1.0) == 0.0  # an impossible SLO
+
+
+def test_relay_simulation_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, rcllm.userprefix.relay_sim; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
