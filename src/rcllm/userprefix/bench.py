@@ -93,6 +93,6 @@ def run_bench(loaded, counts: list[int], prefix_tokens: int, independent: int, r
                "int8_compared": c8, "threads": torch.get_num_threads()}
     print(markdown_table(rows, COLUMNS))
     print(f"prefix {len(side.ids)} tokens in {prefix_ms:.0f} ms; append of {append_entries} "
-          f"entries {append_ms:.0f} ms, drift K {drift['k_max_abs']:.1e} V {drift['v_max_abs']:.1e};"
-          f" INT8 {stored.nbytes / kv.nbytes:.2f} of the float bytes")
+          f"entries {append_ms:.0f} ms, drift K {drift['k_max_abs']:.1e} "
+          f"V {drift['v_max_abs']:.1e}; INT8 {stored.nbytes / kv.nbytes:.2f} of the float bytes")
     return rows, summary

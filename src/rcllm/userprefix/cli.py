@@ -14,8 +14,10 @@ def register(top, bench) -> None:
     p = bench.add_parser("userprefix", help="batched candidates over a cached user prefix vs "
                          "independent forwards", formatter_class=argparse.RawTextHelpFormatter)
     add_engine_options(p)
-    p.add_argument("--candidates", default="20,50,100", help="comma-separated C (default 20,50,100)")
-    p.add_argument("--prefix-tokens", type=int, default=1500, help="user-side length (default 1500)")
+    p.add_argument("--candidates", default="20,50,100",
+                   help="comma-separated C (default 20,50,100)")
+    p.add_argument("--prefix-tokens", type=int, default=1500,
+                   help="user-side length (default 1500)")
     p.add_argument("--independent", type=int, default=4,
                    help="independent full forwards measured; the C-candidate cost is C × their "
                         "mean (default 4)")

@@ -66,8 +66,9 @@ class StoredKV:
         if not self.is_int8:
             return PrefixKV(self.k.to(device=device, dtype=dtype),
                             self.v.to(device=device, dtype=dtype))
-        return PrefixKV(dequantize(self.k, self.k_scale, dtype).to(device),  # type: ignore[arg-type]
-                        dequantize(self.v, self.v_scale, dtype).to(device))  # type: ignore[arg-type]
+        assert self.k_scale is not None and self.v_scale is not None
+        return PrefixKV(dequantize(self.k, self.k_scale, dtype).to(device),
+                        dequantize(self.v, self.v_scale, dtype).to(device))
 
     def to(self, device: torch.device | str) -> "StoredKV":
         move = (lambda t: None if t is None else t.to(device))
