@@ -59,3 +59,14 @@ def test_relay_simulation_imports_no_torch():
 
     code = "import sys, rcllm.userprefix.relay_sim; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_bench_runs_on_the_tiny_model(tiny_loaded):
+    from rcllm.userprefix.bench import run_bench
+
+    rows, summary = run_bench(tiny_loaded, [3, 5], prefix_tokens=300, independent=2, repeats=1,
+                              append_entries=2, seed=0)
+    assert [r["candidates"] for r in rows] == [3, 5]
+    assert summary["max_abs_diff"] < 1e-5 and summary["independent_extrapolated"]
+    assert summary["append_drift_k_max_abs"] < 1e-4
+    assert summary["prefix_bytes_int8"] < 0.3 * summary["prefix_bytes_float"]
