@@ -52,7 +52,8 @@ class RayBackend:
         ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
         self.instances = [LiveInstance(k, set(items)) for k, items in enumerate(held)]
         self.profile = cpu_smollm2_profile()
-        self.policy = make_policy(policy, CostModel(self.profile, MethodConfig()))
+        self.cost = CostModel(self.profile, MethodConfig())
+        self.policy = make_policy(policy, self.cost)
         self.retries = 0
 
     def _place(self, spec: EngineSpec, k: int, hot_fraction: float) -> list[list[str]]:
@@ -80,18 +81,23 @@ class RayBackend:
                 if not live:
                     raise Overloaded(self._retry_after_s())
                 first = False
-            inst = live[self.policy.choose(request, cluster_view(live, self.profile))]
-            inst.inflight += 1
+            view = cluster_view(live, self.profile)
+            pos = self.policy.choose(request, view)
+            inst = live[pos]
+            local = view.locality.local_tokens(request.items, request.item_tokens)[pos]
+            estimate_ms = float(self.cost.service_ms(self.cost.work(request.shape, local)))
+            inst.started(estimate_ms)
             t0 = time.perf_counter()
             try:
                 out = await self.actors[inst.index].rank.remote(payload)
             except (RayActorError, ActorUnavailableError) as exc:
-                inst.inflight -= 1
+                inst.abandoned(estimate_ms)
                 self._lost(inst, exc)
                 tried.add(inst.index)
                 self.retries += 1
                 continue
-            inst.finished((time.perf_counter() - t0) * 1e3, list(payload["candidates"]))
+            inst.finished(estimate_ms, (time.perf_counter() - t0) * 1e3,
+                          list(payload["candidates"]))
             if "error" in out:
                 raise RcllmError(out["error"])
             return out

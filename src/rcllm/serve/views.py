@@ -2,7 +2,9 @@
 
 Contract: mutated only on the router's event loop (no locks). `inflight` counts requests sent
 to an instance and not yet answered (the router is the only sender, so it is exact);
-outstanding work = inflight × that instance's EWMA service time. `cached` starts as the
+`outstanding_ms` sums the cost model's service estimate of those requests, so load and the
+policy's own service estimate are in the same units (as in the simulator); `service_ms` is
+the measured EWMA, used only for Retry-After. `cached` starts as the
 instance's placement (shard + hot items) and grows with the items it served, since chunk
 misses are cached after the answer.
 """
@@ -25,17 +27,25 @@ class LiveInstance:
     index: int
     cached: set[str]
     inflight: int = 0
+    outstanding_ms: float = 0.0
     service_ms: float = 200.0
     alive: bool = True
     served: int = 0
     failures: list[str] = field(default_factory=list)
 
     def view(self, profile: SpeedProfile) -> InstanceView:
-        return InstanceView(self.index, self.inflight, self.inflight * self.service_ms,
-                            self.cached, profile)
+        return InstanceView(self.index, self.inflight, self.outstanding_ms, self.cached, profile)
 
-    def finished(self, ms: float, items: list[str]) -> None:
+    def started(self, estimate_ms: float) -> None:
+        self.inflight += 1
+        self.outstanding_ms += estimate_ms
+
+    def abandoned(self, estimate_ms: float) -> None:
         self.inflight -= 1
+        self.outstanding_ms = max(0.0, self.outstanding_ms - estimate_ms)
+
+    def finished(self, estimate_ms: float, ms: float, items: list[str]) -> None:
+        self.abandoned(estimate_ms)
         self.served += 1
         self.service_ms = 0.8 * self.service_ms + 0.2 * ms
         self.cached.update(items)
