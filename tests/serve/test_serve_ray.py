@@ -33,10 +33,16 @@ def test_two_instances_rank_and_share_catalog_updates(cluster, rank_bodies):
     # the placement splits the catalog: each instance starts with part of the item KV
     assert all(0 < len(i.cached) < len(backend.item_tokens) for i in backend.instances)
     with httpx.Client(base_url=url, timeout=60) as c:
+        fetched = 0
         for body in rank_bodies[:3]:
             r = c.post("/v1/rank", json=body)
             assert r.status_code == 200, r.text
             assert r.json()["instance"] in (0, 1)
+            st = r.json()["stats"]
+            fetched += st["fetched_items"]
+            # every item is on some shard: held or fetched, so only history chunks can miss
+            assert st["chunk_misses"] <= min(len(body["history"]), 10)
+        assert fetched > 0      # items of the other shard came through the object store
         cands = rank_bodies[0]["candidates"]
         assert c.put("/v1/items", json={"items": [{"item_id": "ray-new", "title": "New"}]}) \
             .status_code == 202

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from ..engine import Engine
+from ..kvstore.base import ChunkKV
 from ..errors import RcllmError
 from ..prompt.builder import PromptBuilder, RankRequest
 from ..records import HistoryEntry, Item, ItemId
@@ -103,6 +104,41 @@ class EngineHost:
     def build_items(self, item_ids: list[str]) -> int:
         with self.lock:
             return self.engine.build_items([ItemId(i) for i in item_ids if i in self.catalog])
+
+    def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
+        """(token ids, K, V as numpy) of those `item_ids` whose chunk KV is in the store."""
+        out = {}
+        with self.lock:
+            e = self.engine
+            for i in item_ids:
+                if ItemId(i) not in self.catalog:
+                    continue
+                kv = e.store.get(e.chunk_key("item", e.builder.item_chunk(ItemId(i))))
+                if kv is not None:
+                    out[i] = (kv.token_ids, kv.k.cpu().numpy(), kv.v.cpu().numpy())
+        return out
+
+    def import_items(self, rows: dict[str, tuple]) -> int:
+        """Stores KV exported by another instance of the same model; returns how many chunks
+        were new. A chunk is keyed by this engine's own content key of its token ids and used
+        only when they are the ids this catalog gives the item now (else it is skipped)."""
+        import torch
+
+        new = 0
+        with self.lock:
+            e = self.engine
+            for item_id, (ids, k, v) in rows.items():
+                if ItemId(item_id) not in self.catalog:
+                    continue
+                if tuple(e.builder.item_chunk(ItemId(item_id))) != tuple(ids):
+                    continue
+                key = e.chunk_key("item", ids)
+                if not e.store.contains(key):
+                    dev = e.model.device
+                    e.store.put(key, ChunkKV(tuple(ids), torch.from_numpy(k).to(dev),
+                                             torch.from_numpy(v).to(dev)))
+                    new += 1
+        return new
 
     def close(self) -> None:
         self._builds.put(None)

@@ -28,11 +28,31 @@ class Instance:
     def ping(self) -> dict[str, int]:
         return {"index": self.index, "pid": os.getpid(), "built": self.built}
 
-    def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def rank(self, payload: dict[str, Any], imports: list | None = None) -> dict[str, Any]:
+        """Ranks `payload` after storing the item KV behind `imports` (object refs of other
+        instances' `export_items`); an import that fails (its owner died) is skipped and those
+        items are recomputed."""
+        fetched = self._import(imports or [])
         try:
-            return {**self.host.rank(payload), "instance": self.index}
+            out = self.host.rank(payload)
         except RcllmError as exc:
             return {"error": str(exc)}
+        out["stats"]["fetched_items"] = fetched
+        return {**out, "instance": self.index}
+
+    def _import(self, refs: list) -> int:
+        import ray
+
+        fetched = 0
+        for ref in refs:
+            try:
+                fetched += self.host.import_items(ray.get(ref, timeout=30))
+            except Exception:  # noqa: BLE001 - a dead owner means recompute, not failure
+                continue
+        return fetched
+
+    def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
+        return self.host.export_items(item_ids)
 
     def build_items(self, items: list[str]) -> int:
         """Builds the chunk KV of `items` (those in the catalog); returns how many were new."""

@@ -2,8 +2,9 @@
 
 Placement: item KV is sharded over instances with `catalog.sharding.build_placement` (METIS on
 the co-occurrence of the dataset's user histories, hottest `hot_fraction` replicated); every
-instance keeps the whole catalog, so an item off its shard is recomputed there (and cached
-after the answer). Routing: a `rcllm.schedule` policy (affinity by default) over live views of
+instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
+instance that holds its KV (through Ray's object store) when the cost model prices fetching
+below recomputing, else recomputed; either way it is cached there after the answer. Routing: a `rcllm.schedule` policy (affinity by default) over live views of
 the instances that still have room. Admission: at most `queue_size` requests in flight per
 instance, beyond that 429. Failure: a call that fails because its actor died marks the
 instance dead and the request is retried on another live instance; a refused request
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 class RayBackend:
     def __init__(self, spec: EngineSpec, num_instances: int, queue_size: int,
                  policy: str = "affinity", address: str | None = None,
-                 hot_fraction: float = 0.05, object_store_bytes: int = 256 << 20) -> None:
+                 hot_fraction: float = 0.05, object_store_bytes: int = 256 << 20,
+                 fetch_remote: bool = True) -> None:
         import ray
 
         if num_instances < 1:
@@ -53,6 +55,8 @@ class RayBackend:
         self.instances = [LiveInstance(k, set(items)) for k, items in enumerate(held)]
         self.profile = cpu_smollm2_profile()
         self.cost = CostModel(self.profile, MethodConfig())
+        self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
+        self.fetch_remote = fetch_remote
         self.policy = make_policy(policy, self.cost)
         self.retries = 0
 
@@ -88,8 +92,9 @@ class RayBackend:
             estimate_ms = float(self.cost.service_ms(self.cost.work(request.shape, local)))
             inst.started(estimate_ms)
             t0 = time.perf_counter()
+            imports = self._imports(inst, request, local)
             try:
-                out = await self.actors[inst.index].rank.remote(payload)
+                out = await self.actors[inst.index].rank.remote(payload, imports)
             except (RayActorError, ActorUnavailableError) as exc:
                 inst.abandoned(estimate_ms)
                 self._lost(inst, exc)
@@ -101,6 +106,26 @@ class RayBackend:
             if "error" in out:
                 raise RcllmError(out["error"])
             return out
+
+    def _imports(self, inst: LiveInstance, request, local_tokens: float) -> list:
+        """Object refs of the KV of the request's items that `inst` lacks and another live
+        instance holds, when the cost model says fetching them beats recomputing them. The
+        KV moves owner → `inst` through the object store, never through the router."""
+        if not self.fetch_remote:
+            return []
+        fetch = float(self.fetch_cost.service_ms(self.fetch_cost.work(request.shape, local_tokens)))
+        recompute = float(self.cost.service_ms(self.cost.work(request.shape, local_tokens)))
+        if fetch >= recompute:
+            return []
+        by_owner: dict[int, list[str]] = {}
+        for item in request.items:
+            if item in inst.cached:
+                continue
+            owner = next((o for o in self.instances
+                          if o.alive and o is not inst and item in o.cached), None)
+            if owner is not None:
+                by_owner.setdefault(owner.index, []).append(item)
+        return [self.actors[k].export_items.remote(items) for k, items in by_owner.items()]
 
     def _lost(self, inst: LiveInstance, exc: BaseException) -> None:
         if inst.alive:
