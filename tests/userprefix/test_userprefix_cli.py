@@ -70,3 +70,11 @@ def test_bench_runs_on_the_tiny_model(tiny_loaded):
     assert summary["max_abs_diff"] < 1e-5 and summary["independent_extrapolated"]
     assert summary["append_drift_k_max_abs"] < 1e-4
     assert summary["prefix_bytes_int8"] < 0.3 * summary["prefix_bytes_float"]
+
+
+def test_no_lead_time_no_gain():
+    from dataclasses import replace
+
+    p = replace(SimParams(requests=400), lead_ms=0.0)
+    tokens = user_lengths(p, 1500)
+    assert np.array_equal(simulate(p, 20.0, tokens, False), simulate(p, 20.0, tokens, True))
