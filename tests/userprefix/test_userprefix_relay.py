@@ -72,3 +72,36 @@ def test_footprint_bound_enforced(tiny_loaded):
     assert "footprint" in reasons and reasons.count("admitted") <= 3
     assert cache.nbytes <= 3 * per_user
     cache.check_invariants()
+
+
+def test_preinference_load_bound(tiny_loaded):
+    import threading
+    import time
+
+    relay, ds = _relay(tiny_loaded, RelayConfig(min_prefix_tokens=100, max_inflight=1),
+                       instances=1)
+    ranker = relay.instances["i0"]
+    original = ranker._build
+    started = threading.Event()
+
+    def slow_build(*args):
+        started.set()
+        time.sleep(0.5)
+        return original(*args)
+
+    ranker._build = slow_build
+    users = sorted(ds.users)
+    first = threading.Thread(target=relay.prewarm, args=(users[0],))
+    first.start()
+    assert started.wait(5.0)
+    assert relay.prewarm(users[1]).reason == "load"  # one pre-inference already in flight
+    first.join()
+    assert relay.decisions == {"admitted": 1, "load": 1}
+
+
+def test_rank_rejects_unknown_input(tiny_loaded):
+    relay, ds = _relay(tiny_loaded, RelayConfig(min_prefix_tokens=100))
+    with pytest.raises(RcllmError, match="unknown user"):
+        relay.rank("nobody", sample_candidates(ds, 2, seed=0))
+    with pytest.raises(RcllmError, match="unknown candidate"):
+        relay.rank(sorted(ds.users)[0], ["no-such-item"])

@@ -72,3 +72,19 @@ def test_ranker_appends_then_refreshes(tiny_loaded):
     cached_kv, _, _ = ranker.prefix(user, hist)
     assert kv_drift(cached_kv, fresh_kv)["k_max_abs"] < 1e-4
     ranker.cache.check_invariants()
+
+
+def test_append_on_an_int8_past_drifts_more(tiny_loaded):
+    """Why appends are refreshed: over an INT8 past the new tokens see dequantised keys."""
+    from rcllm.userprefix.kv import StoredKV
+
+    ranker, ds = make_ranker(tiny_loaded)
+    user = sorted(ds.users)[4]
+    hist = long_history(ranker.prompt, ds.users[user], 500)
+    old = compute_prefix(ranker.model, ranker.prompt.user_side(user, hist[:-2]).ids)
+    new_ids = ranker.prompt.history_ids(hist[-2:])
+    fresh = compute_prefix(ranker.model, ranker.prompt.user_side(user, hist).ids)
+    q8_past = StoredKV.of(old, int8=True).load(old.k.dtype, "cpu")
+    exact = kv_drift(append_prefix(ranker.model, old, new_ids), fresh)
+    lossy = kv_drift(append_prefix(ranker.model, q8_past, new_ids), fresh)
+    assert lossy["k_rel"] > 10 * exact["k_rel"]
