@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "rcllm.sim.cli",
     "rcllm.kvstore.cli",
     "rcllm.catalog.cli",
+    "rcllm.userprefix.cli",
 )
 
 
