@@ -12,7 +12,8 @@ import time
 from ..report import markdown_table
 
 COLUMNS = ("config", "ok", "rejected_429", "failed", "throughput_rps", "throughput_vs_first",
-           "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p99_ms", "per_instance")
+           "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p99_ms", "chunk_hit_ratio",
+           "fetched_items", "recomputed_fraction", "per_instance")
 
 
 def register_bench(bench) -> None:

@@ -25,8 +25,11 @@ async def _one(client: httpx.AsyncClient, body: dict, at_s: float, t0: float) ->
     out = {"status": r.status_code, "latency_ms": (time.perf_counter() - sent) * 1e3}
     if r.status_code == 200:
         js = r.json()
+        st = js["stats"]
         out.update(ttft_ms=js["ttft_ms"], instance=js["instance"],
-                   recomputed_fraction=js["stats"]["recomputed_fraction"])
+                   recomputed_fraction=st["recomputed_fraction"], hits=st["chunk_hits"],
+                   lookups=st["chunk_hits"] + st["chunk_misses"],
+                   fetched=st.get("fetched_items", 0))
     return out
 
 
@@ -56,4 +59,8 @@ def run_load(url: str, bodies: list[dict], qps: float, timeout_s: float = 120.0)
             "latency_p99_ms": float(np.percentile(lat, 99)),
             "ttft_p50_ms": float(np.percentile(ttft, 50)),
             "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
+            "fetched_items": sum(r["fetched"] for r in ok),
+            "recomputed_fraction": float(np.mean([r["recomputed_fraction"] for r in ok]))
+            if ok else 0.0,
             "per_instance": dict(sorted(per_instance.items()))}
