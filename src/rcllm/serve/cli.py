@@ -21,7 +21,7 @@ def register(top, bench) -> None:
                        formatter_class=argparse.RawTextHelpFormatter)
     add_engine_options(p)
     p.add_argument("--data", metavar="PATH",
-                   help="dataset whose items form the catalog (default: the built-in synthetic one)")
+                   help="dataset whose items form the catalog (default: built-in synthetic)")
     p.add_argument("--format", default="amazon2018", help="dataset format (default amazon2018)")
     p.add_argument("--category", help="category when --data is an Amazon folder")
     p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host})")

@@ -4,8 +4,9 @@ Placement: item KV is sharded over instances with `catalog.sharding.build_placem
 the co-occurrence of the dataset's user histories, hottest `hot_fraction` replicated); every
 instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
 instance that holds its KV (through Ray's object store) when the cost model prices fetching
-below recomputing, else recomputed; either way it is cached there after the answer. Routing: a `rcllm.schedule` policy (affinity by default) over live views of
-the instances that still have room. Admission: at most `queue_size` requests in flight per
+below recomputing, else recomputed; either way it is cached there after the answer.
+Routing: a `rcllm.schedule` policy (affinity by default) over live views of the instances that
+still have room. Admission: at most `queue_size` requests in flight per
 instance, beyond that 429. Failure: a call that fails because its actor died marks the
 instance dead and the request is retried on another live instance; a refused request
 ({"error"}) is answered, never retried.
@@ -113,8 +114,9 @@ class RayBackend:
         KV moves owner → `inst` through the object store, never through the router."""
         if not self.fetch_remote:
             return []
-        fetch = float(self.fetch_cost.service_ms(self.fetch_cost.work(request.shape, local_tokens)))
-        recompute = float(self.cost.service_ms(self.cost.work(request.shape, local_tokens)))
+        shape = request.shape
+        fetch = float(self.fetch_cost.service_ms(self.fetch_cost.work(shape, local_tokens)))
+        recompute = float(self.cost.service_ms(self.cost.work(shape, local_tokens)))
         if fetch >= recompute:
             return []
         by_owner: dict[int, list[str]] = {}
