@@ -62,13 +62,15 @@ def test_two_instances_rank_and_share_catalog_updates(cluster, rank_bodies):
 def test_a_dead_instance_loses_no_request(cluster, rank_bodies):
     url, backend = cluster
     bodies = [rank_bodies[k % len(rank_bodies)] for k in range(8)]   # = the admission limit
+    for k in (0, 1):            # both instances busy for 3 s: the 8 requests stay in flight
+        backend.stall_instance(k, 3.0)
     with ThreadPoolExecutor(8) as pool:
         futs = [pool.submit(httpx.post, f"{url}/v1/rank", json=b, timeout=120) for b in bodies]
         deadline = time.monotonic() + 10
         while backend.queue_depth() < 8 and time.monotonic() < deadline:
             time.sleep(0.005)
-        # all 8 admitted (4 per instance at most), so instance 0 holds requests in flight
-        assert backend.instances[0].inflight > 0
+        # all 8 admitted (4 per instance at most), so instance 0 holds 4 in flight
+        assert backend.instances[0].inflight == 4
         backend.kill_instance(0)
         codes = [f.result().status_code for f in futs]
     assert codes == [200] * 8

@@ -51,6 +51,21 @@ class Instance:
                 continue
         return fetched
 
+    def stall(self, seconds: float) -> None:
+        """Fault injection for tests: holds the engine lock for `seconds` from another thread
+        (this call returns once it is held), so requests pile up in flight."""
+        import threading
+
+        held = threading.Event()
+
+        def hold() -> None:
+            with self.host.lock:
+                held.set()
+                threading.Event().wait(seconds)
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+
     def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
         return self.host.export_items(item_ids)
 

@@ -187,6 +187,10 @@ class RayBackend:
         """Kills one actor (fault-injection for tests); the router finds out on its next call."""
         self._ray.kill(self.actors[index], no_restart=True)
 
+    def stall_instance(self, index: int, seconds: float) -> None:
+        """Fault injection for tests: instance `index` computes nothing for `seconds`."""
+        self._ray.get(self.actors[index].stall.remote(seconds))
+
     def close(self) -> None:
         for a in self.actors:
             try:
