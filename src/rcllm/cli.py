@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "rcllm.kvstore.cli",
     "rcllm.catalog.cli",
     "rcllm.userprefix.cli",
+    "rcllm.serve.cli",
 )
 
 

@@ -133,6 +133,10 @@ class PromptBuilder:
             self._chunk_cache[key] = ids[: self.cfg.max_item_tokens]
         return self._chunk_cache[key]
 
+    def forget_item(self, item_id: ItemId) -> None:
+        """Drops the memoised token ids of an item (call after its text changes)."""
+        self._chunk_cache.pop(("item", item_id), None)
+
     def history_chunk(self, entry: HistoryEntry) -> tuple[int, ...]:
         ids = self._encode(" " + history_text(entry, self.catalog.get(entry.item_id)))
         return ids[: self.cfg.max_review_tokens]

@@ -146,8 +146,7 @@ class EngineHost:
 
     def _forget_chunk(self, item_id: ItemId) -> None:
         # PromptBuilder memoises item token ids by id; an updated item must be re-tokenised.
-        # (Private access: a public PromptBuilder.forget_item would be cleaner.)
-        self.engine.builder._chunk_cache.pop(("item", item_id), None)
+        self.engine.builder.forget_item(item_id)
 
     def _build_loop(self) -> None:
         while True:
