@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "rcllm.commands.bench_ttft",
     "rcllm.commands.build_cache",
     "rcllm.commands.eval",
+    "rcllm.commands.finetune",
     "rcllm.commands.rank",
     "rcllm.checkpoints.cli",
     "rcllm.sim.cli",

@@ -32,6 +32,8 @@ class ModelConfig:
     device: str = opt("cpu", "cpu | cuda | cuda:N")
     threads: int = opt(2, "torch intra-op threads on CPU (0 = leave torch's default)")
     cache_dir: str = opt("", "where converted weights live; \"\" = $RCLLM_CACHE or ~/.cache/rcllm")
+    adapter: str = opt("", "LoRA adapter from `rcllm finetune` (folder or adapter.json), merged "
+                           "into the weights at load; part of the fingerprint")
 
     def validate(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):

@@ -55,8 +55,11 @@ def load_data(args):
     return load_dataset(args.data, args.format, **opts)
 
 
-def load_workload(args):
-    """Returns (dataset, cases) for --data/--format or the built-in synthetic workload."""
+def load_workload(args, users=None):
+    """Returns (dataset, cases) for --data/--format or the built-in synthetic workload.
+
+    `users`: None for every user, or a function dataset -> the user ids to keep (e.g. the
+    test part of a split); a user's case does not depend on which others are kept."""
     from ..eval.protocol import build_cases
 
     if args.requests < 1:
@@ -64,8 +67,11 @@ def load_workload(args):
     if not 2 <= args.candidates <= 26:
         raise RcllmError("--candidates must be within 2..26")
     ds = load_data(args)
+    keep = set(users(ds)) if users else None
     cases = build_cases(ds, history_window=10, num_negatives=args.candidates - 1, seed=args.seed,
-                        max_cases=args.requests)
+                        max_cases=None if keep is not None else args.requests)
+    if keep is not None:
+        cases = [c for c in cases if c.user_id in keep][: args.requests]
     if not cases:
         raise RcllmError(f"no request could be built from {args.data or 'the synthetic data'}")
     return ds, cases

@@ -10,8 +10,10 @@ from ..report import markdown_table, write_report
 from .common import (Variant, add_data_options, add_engine_options, engine_config, load_workload,
                      make_engine, parse_methods)
 
-COLUMNS = ("variant", "hr@1", "hr@10", "ndcg@10", "ndcg@10_delta_vs_full", "top1_agreement",
-           "top5_overlap", "kendall_tau", "kl_vs_full", "hidden_cosine_vs_full", "ttft_p50_ms",
+SPLIT_PARTS = ("train", "validation", "test")
+DEFAULT_SPLIT = ((0.8, 0.1, 0.1), 0)
+COLUMNS = ("variant", "hr@1", "hr@10", "hr@10_ci_low", "hr@10_ci_high", "ndcg@10",
+           "ndcg@10_delta_vs_full", "top1_agreement", "top5_overlap", "kendall_tau", "kl_vs_full", "hidden_cosine_vs_full", "ttft_p50_ms",
            "recomputed_fraction")
 
 
@@ -32,6 +34,14 @@ def register(top, bench) -> None:
                         "mean log-prob of each candidate's title as the continuation")
     p.add_argument("--permutations", type=int, default=1,
                    help="average each item's score over this many label orders (default 1)")
+    p.add_argument("--adapter", metavar="PATH",
+                   help="LoRA adapter from `rcllm finetune` (sets model.adapter and adopts the "
+                        "prompt settings and user split it was trained with)")
+    p.add_argument("--users", choices=("all",) + SPLIT_PARTS, default="all",
+                   help="evaluate one part of the user split (the adapter's, else "
+                        "0.8,0.1,0.1 with seed 0; `rcllm finetune` trains on `train`)")
+    p.add_argument("--baselines", action="store_true",
+                   help="add random, popularity and item-kNN (co-occurrence) rows")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.add_argument("--plots", metavar="DIR", help="write ttft_cdf.png (and heatmap.png) here")
     p.set_defaults(func=run)
@@ -39,21 +49,40 @@ def register(top, bench) -> None:
 
 def run(args) -> int:
     from ..bench.ttft import prepare_caches
+    from ..eval.protocol import split_users
     from ..eval.runner import evaluate
 
     cfg = engine_config(args)
+    fractions, split_seed = DEFAULT_SPLIT
+    adapter = args.adapter or cfg.model.adapter
+    if adapter:
+        from ..finetune.adapter import eval_settings
+
+        cfg, fractions, split_seed = eval_settings(cfg, adapter)
+        print(f"adapter {adapter}: prompt settings {cfg.prompt}")
     variants = parse_methods(args.methods, args.item_ratio, args.history_ratio)
     grid = [float(x) for x in args.grid.split(",")] if args.grid else []
     variants += [Variant("rcllm", i, h) for i in grid for h in grid
                  if Variant("rcllm", i, h) not in variants]
-    ds, cases = load_workload(args)
-    print(f"workload: {ds.name}, {len(cases)} requests; scorer {args.scorer}")
+
+    def part(name: str):
+        return lambda d: split_users(d, fractions, split_seed)[SPLIT_PARTS.index(name)]
+
+    ds, cases = load_workload(args, users=None if args.users == "all" else part(args.users))
+    print(f"workload: {ds.name}, {len(cases)} requests ({args.users} users); scorer {args.scorer}")
     engine = make_engine(args, ds, scorer=args.scorer, cfg=cfg)
     prepare_caches(engine, cases, 0, progress=True)
     if args.permutations < 1:
         raise RcllmError("--permutations must be >= 1")
     rows = evaluate(engine, cases, variants, seed=args.seed, progress=True,
                     permutations=args.permutations)
+    if args.baselines:
+        from ..eval.baselines import baseline_rows
+
+        # baselines may count the training users' whole sequences only when those are not the
+        # users evaluated (their last items are then targets)
+        known_full = part("train")(ds) if args.users in ("validation", "test") else ()
+        rows += baseline_rows(ds, cases, known_full, seed=args.seed)
     print(markdown_table(rows, COLUMNS))
     if args.plots:
         _plots(args.plots, rows, grid)
@@ -62,7 +91,9 @@ def run(args) -> int:
         write_report(args.json, "eval", {"engine": cfg, "data": args.data or "synthetic",
                                          "format": args.format, "requests": args.requests,
                                          "scorer": args.scorer, "seed": args.seed,
-                                         "permutations": args.permutations}, rows,
+                                         "permutations": args.permutations,
+                                         "users": args.users, "adapter": adapter or None,
+                                         "baselines": args.baselines}, rows,
                      {"requests": len(cases), "dataset": ds.name, "skipped": ds.skipped})
         print(f"wrote {args.json}")
     return 0
@@ -78,7 +109,8 @@ def _plots(folder: str, rows: list[dict], grid: list[float]) -> None:
     os.makedirs(folder, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4))
     for row in rows:
-        if row["variant"] in ("full_reordered", "full_content_swapped"):
+        if row["variant"] in ("full_reordered", "full_content_swapped") or not row.get(
+                "ttft_ms_all"):  # references and baselines have no TTFT of their own
             continue
         t = np.sort(row["ttft_ms_all"])
         ax.step(t, np.arange(1, len(t) + 1) / len(t), where="post", label=row["variant"])

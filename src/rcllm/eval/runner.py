@@ -123,8 +123,9 @@ def _rows(acc: dict[str, _Acc], variants, scorer: str, n: int) -> list[dict]:
                "requests": n, "scorer": scorer}
         for key in a.rank[0]:
             row[key] = float(np.mean([r[key] for r in a.rank]))
-        ci = M.bootstrap_ci([r["ndcg@10"] for r in a.rank])
-        row["ndcg@10_ci_low"], row["ndcg@10_ci_high"] = ci.low, ci.high
+        for key in ("hr@10", "ndcg@10"):
+            ci = M.bootstrap_ci([r[key] for r in a.rank])
+            row[f"{key}_ci_low"], row[f"{key}_ci_high"] = ci.low, ci.high
         delta = M.paired_bootstrap_ci(np.array([r["ndcg@10"] for r in a.rank]), full_ndcg)
         row["ndcg@10_delta_vs_full"] = delta.mean
         row["ndcg@10_delta_vs_full_ci_low"] = delta.low

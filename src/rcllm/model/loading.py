@@ -40,7 +40,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class LoadedModel:
     model: Transformer
     tokenizer: Any          # a transformers PreTrainedTokenizerFast
-    fingerprint: str        # covers weights, config and tokenizer: part of every cache key
+    fingerprint: str        # covers weights, config, tokenizer and adapter: part of every cache key
     folder: Path            # the HF-format folder the weights were read from
     source: str             # what the user named (or the bundled file)
 
@@ -180,8 +180,13 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     state: dict[str, torch.Tensor] = {}
     for f in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(f)))
+    fingerprint = _fingerprint(folder)
+    if cfg.adapter:  # LoRA merged into the weights; the fingerprint then covers the adapter
+        from ..finetune.adapter import apply_adapter
+
+        fingerprint = apply_adapter(state, cfg.adapter, fingerprint)
     model = build_transformer(arch, state, DTYPES[cfg.dtype], cfg.device)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    return LoadedModel(model, tokenizer, _fingerprint(folder), folder, source)
+    return LoadedModel(model, tokenizer, fingerprint, folder, source)

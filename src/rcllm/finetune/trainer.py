@@ -1,0 +1,204 @@
+"""The fine-tuning loop: listwise verbalizer loss, checkpoints, resume, the adapter folder.
+
+Loss: the engine's own listwise prompt (PromptBuilder, verbalizer question) runs through the
+transformer's exact forward with the LoRA-patched weights; the loss is the cross-entropy of the
+target's label among the candidate labels at the last position — the softmax the verbalizer
+scorer ranks by (`runner.scoring.verbalizer_scores`).
+
+Folder: `<cache root>/adapters/<key>/`, key = sha256(base model fingerprint, dataset digest,
+the options that change the weights). It holds `checkpoint/` (factors + AdamW state as
+safetensors, `state.json` with the step and the loss so far) while training and
+`adapter.safetensors` + `adapter.json` when done. Running the same command again resumes from
+the last checkpoint, or returns the finished adapter at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ..errors import RcllmError
+from ..model.loading import LoadedModel, cache_root
+from ..prompt.builder import PromptBuilder, RankRequest
+from ..records import Dataset, UserId
+from .adapter import read_manifest, save_adapter, write_atomic
+from .config import FinetuneConfig
+from .data import ExampleStream, dataset_digest
+from .lora import Lora, LoraPatch
+from .optim import AdamW, clip_grad_norm, lr_at
+
+log = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint"
+
+
+def run_key(base_fingerprint: str, data_digest: str, cfg: FinetuneConfig) -> str:
+    text = json.dumps({"model": base_fingerprint, "data": data_digest,
+                       "config": cfg.key_fields()}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def adapter_folder(cfg: FinetuneConfig, key: str) -> Path:
+    return cache_root(cfg.model) / "adapters" / key
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint restores besides tensors (JSON)."""
+
+    step: int = 0                                     # steps completed
+    losses: list[float] = field(default_factory=list)  # one per completed step
+    hits: list[int] = field(default_factory=list)      # target ranked first (before the update)
+    elapsed_s: float = 0.0                            # training time over all sessions
+
+
+class Trainer:
+    """Trains one adapter; `run()` returns the folder of the finished adapter."""
+
+    def __init__(self, loaded: LoadedModel, ds: Dataset, train_users: list[UserId],
+                 cfg: FinetuneConfig, folder: Path, key: str):
+        self.loaded, self.model, self.cfg, self.folder, self.key = (
+            loaded, loaded.model, cfg, folder, key)
+        self.ds, self.train_users = ds, train_users
+        self.builder = PromptBuilder(loaded.tokenizer, ds.items, cfg.prompt,
+                                     self.model.arch.max_positions, "verbalizer")
+        t = cfg.train
+        self.stream = ExampleStream(ds, train_users, t.targets, cfg.prompt.history_window,
+                                    t.candidates, t.seed)
+        self.lora = Lora.init(self.model.arch, cfg.lora, t.seed, self.model.dtype,
+                              str(self.model.device))
+        self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
+        self.state = TrainState()
+
+    # ---- one step -----------------------------------------------------------------------
+    def loss_at(self, step: int) -> tuple[torch.Tensor, bool]:
+        """Loss of step `step`'s prompt under the current factors (graph kept for backward),
+        and whether the target's label scored highest."""
+        draw = self.stream.draw(step)
+        ex = draw.example
+        prompt = self.builder.build(RankRequest(ex.user_id, ex.history, draw.candidates))
+        ids = torch.tensor(prompt.token_ids, device=self.model.device)
+        logits = self.model.forward(ids)["logits"][list(prompt.label_token_ids)]  # [C]
+        loss = F.cross_entropy(logits.float().unsqueeze(0),
+                               torch.tensor([draw.target_index], device=logits.device))
+        return loss, int(logits.argmax()) == draw.target_index
+
+    def _step(self, patch: LoraPatch, step: int) -> None:
+        t = self.cfg.train
+        patch.install()
+        loss, hit = self.loss_at(step)
+        loss.backward()
+        clip_grad_norm(self.lora.factors, t.grad_clip)
+        self.opt.step(lr_at(step, t.steps, t.lr, t.warmup_steps))
+        self.opt.zero_grad()
+        self.state.step = step + 1
+        self.state.losses.append(float(loss.detach()))
+        self.state.hits.append(int(hit))
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        ck = self.folder / CHECKPOINT
+        tensors = {**{k: v.detach() for k, v in self.lora.factors.items()},
+                   **self.opt.state_tensors()}
+        write_atomic(ck / "state.safetensors", lambda tmp: save_file(
+            {k: v.contiguous().cpu() for k, v in tensors.items()}, tmp))
+        meta = {"key": self.key, "adam_t": self.opt.t, **asdict(self.state)}
+        write_atomic(ck / "state.json", lambda tmp: Path(tmp).write_text(json.dumps(meta)))
+
+    def try_resume(self) -> bool:
+        ck = self.folder / CHECKPOINT
+        if not (ck / "state.json").is_file():
+            return False
+        try:
+            meta = json.loads((ck / "state.json").read_text())
+            tensors = load_file(str(ck / "state.safetensors"))
+        except (OSError, ValueError) as exc:
+            raise RcllmError(f"checkpoint in {ck} is unreadable ({exc}); re-run with --fresh") from None
+        if meta.get("key") != self.key:
+            raise RcllmError(f"checkpoint in {ck} belongs to another run; re-run with --fresh")
+        with torch.no_grad():
+            for k, p in self.lora.factors.items():
+                p.copy_(tensors[k])
+        self.opt.load_state(tensors, int(meta["adam_t"]))
+        self.state = TrainState(meta["step"], meta["losses"], meta["hits"], meta["elapsed_s"])
+        return True
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self, progress: bool = True, stop_after: int | None = None) -> Path | None:
+        """Trains to `train.steps` (resuming if a checkpoint exists) and saves the adapter.
+
+        `stop_after` ends the session early after that many steps with a checkpoint (tests
+        use it to interrupt); returns None then, else the adapter folder.
+        """
+        from tqdm import tqdm
+
+        t = self.cfg.train
+        if self.try_resume():
+            log.info("resuming %s at step %d", self.folder, self.state.step)
+        patch = LoraPatch(self.model, self.lora)
+        bar = tqdm(total=t.steps, initial=self.state.step, desc="finetune", unit="step",
+                   disable=not progress)
+        start, done = time.perf_counter(), 0
+        try:
+            while self.state.step < t.steps:
+                self._step(patch, self.state.step)
+                done += 1
+                bar.update(1)
+                window = self.state.losses[-t.log_every:]
+                bar.set_postfix(loss=f"{sum(window) / len(window):.3f}")
+                if self.state.step % t.checkpoint_every == 0 or (stop_after and done >= stop_after):
+                    self.state.elapsed_s += time.perf_counter() - start
+                    start = time.perf_counter()
+                    self.save_checkpoint()
+                if stop_after and done >= stop_after and self.state.step < t.steps:
+                    return None
+        except KeyboardInterrupt:
+            log.warning("interrupted: the next run resumes from the last checkpoint (step %d)",
+                        (self.state.step // t.checkpoint_every) * t.checkpoint_every)
+            raise
+        finally:
+            patch.restore()
+            bar.close()
+        self.state.elapsed_s += time.perf_counter() - start
+        return self._finish()
+
+    def _finish(self) -> Path:
+        t = self.cfg.train
+        curve = [[min(i + t.log_every, len(self.state.losses)),
+                  sum(self.state.losses[i:i + t.log_every]) / len(self.state.losses[i:i + t.log_every]),
+                  sum(self.state.hits[i:i + t.log_every]) / len(self.state.hits[i:i + t.log_every])]
+                 for i in range(0, len(self.state.losses), t.log_every)]
+        fr = t.fractions
+        manifest = {
+            "base_fingerprint": self.loaded.fingerprint, "key": self.key,
+            "rank": self.cfg.lora.rank, "alpha": self.cfg.lora.alpha,
+            "scale": self.cfg.lora.scale, "targets": list(self.cfg.lora.target_list),
+            "first_layer": self.cfg.lora.first_layer,
+            "prompt": asdict(self.cfg.prompt),
+            "split": {"fractions": list(fr), "seed": t.split_seed},
+            "data": {"name": self.ds.name, "digest": dataset_digest(self.ds),
+                     "train_users": len(self.train_users), "examples": len(self.stream)},
+            "train": asdict(t), "model": {"dtype": self.cfg.model.dtype,
+                                          "threads": self.cfg.model.threads},
+            "loss_curve": curve, "train_seconds": round(self.state.elapsed_s, 1),
+        }
+        path = save_adapter(self.folder, self.lora.factors, manifest)
+        shutil.rmtree(self.folder / CHECKPOINT, ignore_errors=True)
+        log.info("adapter written: %s", path)
+        return self.folder
+
+
+def finished(folder: Path) -> bool:
+    try:
+        read_manifest(folder)
+        return True
+    except RcllmError:
+        return False

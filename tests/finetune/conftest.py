@@ -1,0 +1,36 @@
+"""Fixtures for the fine-tuning tests: a tiny config and a dataset with a learnable signal."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from rcllm.config import ModelConfig, PromptConfig
+from rcllm.eval.datasets import load_dataset
+from rcllm.finetune.config import FinetuneConfig, LoraConfig, TrainConfig
+
+
+@pytest.fixture
+def fav_dataset():
+    """Synthetic users whose last item is always the same one: a ranker can learn to pick it."""
+    ds = load_dataset("", "synthetic", num_users=30, num_items=40, seed=0)
+    fav = sorted(ds.items)[0]
+    for hist in ds.users.values():
+        hist[:] = [e for e in hist if e.item_id != fav]
+        hist.append(dataclasses.replace(hist[-1], item_id=fav, timestamp=hist[-1].timestamp + 1))
+    return ds
+
+
+@pytest.fixture
+def tiny_ft_config(tiny_model_dir, tmp_path):
+    def make(**train) -> FinetuneConfig:
+        opts = dict(steps=100, lr=1e-2, candidates=2, warmup_steps=2, checkpoint_every=10)
+        opts.update(train)
+        cfg = FinetuneConfig(
+            model=ModelConfig(path=str(tiny_model_dir), threads=0, cache_dir=str(tmp_path / "c")),
+            prompt=PromptConfig(history_window=2, max_review_tokens=8, max_item_tokens=8),
+            lora=LoraConfig(rank=4, alpha=8), train=TrainConfig(**opts))
+        cfg.validate()
+        return cfg
+    return make

@@ -1,0 +1,75 @@
+"""The saved adapter: fingerprint, cache-key isolation, checksum and base-model checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rcllm.config import RcllmConfig
+from rcllm.errors import RcllmError
+from rcllm.eval.protocol import split_users
+from rcllm.finetune.adapter import eval_settings
+from rcllm.finetune.trainer import Trainer
+from rcllm.model.loading import load_model
+
+
+@pytest.fixture
+def adapter(tiny_ft_config, fav_dataset, tmp_path):
+    cfg = tiny_ft_config(steps=4)
+    users = split_users(fav_dataset, cfg.train.fractions, cfg.train.split_seed)[0]
+    folder = tmp_path / "adapter"
+    Trainer(load_model(cfg.model), fav_dataset, users, cfg, folder, "k").run(progress=False)
+    return cfg, folder
+
+
+def test_fingerprint_covers_the_adapter(adapter, fav_dataset):
+    from rcllm.engine import Engine
+
+    cfg, folder = adapter
+    base = load_model(cfg.model)
+    tuned = load_model(dataclasses.replace(cfg.model, adapter=str(folder)))
+    again = load_model(dataclasses.replace(cfg.model, adapter=str(folder / "adapter.json")))
+    assert tuned.fingerprint != base.fingerprint
+    assert tuned.fingerprint == again.fingerprint  # deterministic, whichever path names it
+    engines = [Engine(m, fav_dataset.items, RcllmConfig()) for m in (base, tuned)]
+    ids = engines[0].builder.item_chunk(sorted(fav_dataset.items)[0])
+    keys = [e.chunk_key("item", ids) for e in engines]
+    assert keys[0] != keys[1]  # KV built under one adapter is never found under another
+
+
+def test_checksum_mismatch_is_refused(adapter):
+    cfg, folder = adapter
+    weights = folder / "adapter.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(RcllmError, match="checksum mismatch"):
+        load_model(dataclasses.replace(cfg.model, adapter=str(folder)))
+
+
+def test_adapter_of_another_model_is_refused(adapter):
+    cfg, folder = adapter
+    manifest = json.loads((folder / "adapter.json").read_text())
+    manifest["base_fingerprint"] = "0" * 32
+    (folder / "adapter.json").write_text(json.dumps(manifest))
+    with pytest.raises(RcllmError, match="trained on another model"):
+        load_model(dataclasses.replace(cfg.model, adapter=str(folder)))
+
+
+def test_missing_adapter_is_refused(tmp_path, tiny_ft_config):
+    cfg = tiny_ft_config()
+    with pytest.raises(RcllmError, match="adapter not found"):
+        load_model(dataclasses.replace(cfg.model, adapter=str(tmp_path / "nope")))
+
+
+def test_eval_adopts_the_adapter_prompt(adapter):
+    cfg, folder = adapter
+    got, fractions, seed = eval_settings(RcllmConfig(), folder)
+    assert got.prompt == cfg.prompt and got.model.adapter == str(folder)
+    assert fractions == (0.8, 0.1, 0.1) and seed == 0
+    other = dataclasses.replace(RcllmConfig(), prompt=dataclasses.replace(
+        RcllmConfig().prompt, history_window=3))
+    with pytest.raises(RcllmError, match="prompt settings"):
+        eval_settings(other, folder)

@@ -1,0 +1,64 @@
+"""`rcllm finetune` and `rcllm eval --adapter` end to end on the tiny model; input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rcllm.cli import main
+
+TINY_TRAIN = ["--set", "train.steps=3", "--set", "train.candidates=5", "--set",
+              "prompt.history_window=2", "--set", "prompt.max_item_tokens=8", "--set",
+              "prompt.max_review_tokens=8", "--set", "lora.rank=2"]
+
+
+def _model(tiny_model_dir, tmp_path):
+    return ["--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
+            "--set", f"model.cache_dir={tmp_path / 'cache'}"]
+
+
+def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
+    rc = main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path), *TINY_TRAIN])
+    assert rc == 0
+    out = capsys.readouterr().out
+    folders = list((tmp_path / "cache" / "adapters").iterdir())
+    assert len(folders) == 1 and (folders[0] / "adapter.json").exists()
+    assert "loss per" in out
+    # the same command again finds the finished adapter in its cache folder
+    assert main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
+                 *TINY_TRAIN]) == 0
+    assert "already trained" in capsys.readouterr().out
+    report = tmp_path / "eval.json"
+    rc = main(["eval", "--format", "synthetic", "--set", f"model.path={tiny_model_dir}",
+               "--set", "model.threads=0", "--adapter", str(folders[0]), "--users", "test",
+               "--baselines", "--methods", "full,rcllm", "--requests", "3", "--candidates", "5",
+               "--json", str(report)])
+    assert rc == 0
+    data = json.loads(report.read_text())
+    variants = [r["variant"] for r in data["rows"]]
+    assert {"full", "full_reordered", "random", "popularity", "item_knn"} <= set(variants)
+    assert data["config"]["engine"]["prompt"]["history_window"] == 2  # adopted from the adapter
+    assert data["config"]["engine"]["model"]["adapter"] == str(folders[0])
+    for row in data["rows"]:
+        assert row["hr@10_ci_low"] <= row["hr@10"] <= row["hr@10_ci_high"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.steps=0"], "train.steps"),
+    (["--set", "lora.targets=q,z"], "lora.targets"),
+    (["--set", "train.targets=first"], "train.targets"),
+    (["--set", "train.split=0.5,0.5"], "train.split"),
+    (["--set", "lora.first_layer=99"], "first_layer"),
+    (["--set", "model.adapter=/x"], "stacking adapters"),
+])
+def test_bad_options_are_one_clear_line(tiny_model_dir, tmp_path, capsys, args, message):
+    rc = main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("rcllm: error:") and message in err[0]
+
+
+def test_eval_with_missing_adapter_is_one_clear_line(tmp_path, capsys):
+    rc = main(["eval", "--format", "synthetic", "--adapter", str(tmp_path / "none")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "adapter not found" in err[0]
