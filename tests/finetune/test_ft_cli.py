@@ -62,3 +62,10 @@ def test_eval_with_missing_adapter_is_one_clear_line(tmp_path, capsys):
     rc = main(["eval", "--format", "synthetic", "--adapter", str(tmp_path / "none")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "adapter not found" in err[0]
+
+
+def test_help_shows_this_commands_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["finetune", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "prompt.history_window = 5" in out and "lora.rank" in out

@@ -8,10 +8,23 @@ import time
 from pathlib import Path
 
 
-def register(top, bench) -> None:
-    from ..config import describe
+def _describe() -> list[str]:
+    """Option lines with this command's defaults (its prompt defaults differ from the engine's,
+    which `config.describe` would show)."""
+    from dataclasses import fields
+
     from ..finetune.config import FinetuneConfig
 
+    cfg, lines = FinetuneConfig(), []
+    for section in fields(cfg):
+        sub = getattr(cfg, section.name)
+        for f in fields(sub):
+            lines.append(f"  {section.name}.{f.name} = {getattr(sub, f.name)!r}  "
+                         f"({f.metadata.get('help', '')})")
+    return lines
+
+
+def register(top, bench) -> None:
     p = top.add_parser("finetune", help="LoRA-tune the model to rank (training users only)",
                        formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", metavar="PATH",
@@ -23,7 +36,7 @@ def register(top, bench) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML file of options (see --set)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one option (repeatable); options and defaults:\n"
-                        + "\n".join(describe(FinetuneConfig)))
+                        + "\n".join(_describe()))
     p.add_argument("--out", metavar="DIR", help="adapter folder (default: the cache folder "
                                                 "keyed by model, data and options)")
     p.add_argument("--fresh", action="store_true",

@@ -49,7 +49,7 @@ class LoraConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = opt(240, "optimiser steps (one ranking prompt each)")
-    lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to 10%)")
+    lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to a tenth)")
     warmup_steps: int = opt(10, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW decoupled weight decay")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
