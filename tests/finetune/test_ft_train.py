@@ -78,3 +78,14 @@ def _request(trainer):
 
     draw = trainer.stream.draw(0)
     return RankRequest(draw.example.user_id, draw.example.history, draw.candidates)
+
+
+def test_pointwise_loss_is_added_when_weighted(tiny_ft_config, fav_dataset, tmp_path):
+    listwise = _trainer(tiny_ft_config(steps=2), fav_dataset, tmp_path / "l")
+    both = _trainer(tiny_ft_config(steps=2, pointwise_weight=1.0), fav_dataset, tmp_path / "p")
+    with torch.no_grad():
+        extra = float(both.pointwise_loss(both.stream.draw(0)))
+        assert extra > 0
+        assert abs(float(both.loss_at(0)[0]) - float(listwise.loss_at(0)[0]) - extra) < 1e-4
+    both.run(progress=False)
+    assert both.state.step == 2

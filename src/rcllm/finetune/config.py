@@ -57,6 +57,8 @@ class TrainConfig:
     candidates: int = opt(20, "candidates per training prompt (target + popularity negatives)")
     targets: str = opt("last", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
+    pointwise_weight: float = opt(0.0, "weight of the pointwise yes/no loss (the userprefix "
+                                       "prompt; target vs one negative) added each step; 0 = off")
     split: str = opt("0.8,0.1,0.1", "train,validation,test fractions of the users")
     split_seed: int = opt(0, "seed of the user split (eval --users test uses the same)")
     checkpoint_every: int = opt(20, "steps between checkpoints (resume restarts from the last)")
@@ -72,6 +74,8 @@ class TrainConfig:
     def validate(self) -> None:
         if self.steps < 1 or self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
             raise RcllmError("need train.steps >= 1, train.lr > 0, warmup_steps >= 0, grad_clip >= 0")
+        if self.pointwise_weight < 0:
+            raise RcllmError("train.pointwise_weight must be >= 0")
         if not 2 <= self.candidates <= 26:
             raise RcllmError("train.candidates must be within 2..26")
         if self.targets not in ("last", "all"):

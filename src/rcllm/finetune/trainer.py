@@ -77,6 +77,11 @@ class Trainer:
                               str(self.model.device))
         self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
         self.state = TrainState()
+        self.pointwise = None
+        if t.pointwise_weight > 0:
+            from ..userprefix.prompt import PointwisePrompt
+
+            self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
 
     # ---- one step -----------------------------------------------------------------------
     def loss_at(self, step: int) -> tuple[torch.Tensor, bool]:
@@ -89,7 +94,23 @@ class Trainer:
         logits = self.model.forward(ids)["logits"][list(prompt.label_token_ids)]  # [C]
         loss = F.cross_entropy(logits.float().unsqueeze(0),
                                torch.tensor([draw.target_index], device=logits.device))
+        if self.pointwise is not None:
+            loss = loss + self.cfg.train.pointwise_weight * self.pointwise_loss(draw)
         return loss, int(logits.argmax()) == draw.target_index
+
+    def pointwise_loss(self, draw) -> torch.Tensor:
+        """Yes/no cross-entropy of the pointwise prompt (rcllm.userprefix) for the target (yes)
+        and the candidate after it in label order (no)."""
+        ex, pw = draw.example, self.pointwise
+        side = pw.user_side(ex.user_id, ex.history).ids
+        negative = draw.candidates[(draw.target_index + 1) % len(draw.candidates)]
+        total = torch.zeros(())
+        for item, label in ((ex.target, 0), (negative, 1)):  # label index into (yes, no)
+            ids = torch.tensor(side + pw.candidate_ids(item), device=self.model.device)
+            logits = self.model.forward(ids)["logits"][[pw.yes_id, pw.no_id]].float()
+            total = total + F.cross_entropy(logits.unsqueeze(0),
+                                            torch.tensor([label], device=logits.device))
+        return total / 2
 
     def _step(self, patch: LoraPatch, step: int) -> None:
         t = self.cfg.train
