@@ -143,3 +143,32 @@ def test_history_window_truncates_oldest(tiny_loaded, workload):
     case = max(cases, key=lambda c: len(c.history))
     res = eng.rank(_req(case))
     assert res.stats["truncated_history"] == len(case.history) - 2
+
+
+@pytest.mark.parametrize("method", ["rcllm", "naive", "epic"])
+def test_overlapped_gather_gives_the_same_answer(tiny_loaded, workload, method):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    _prime(eng, case)
+    plain = eng.rank(_req(case), method, keep_tensors=True)
+    overlapped = eng.rank(_req(case), method, keep_tensors=True, overlap=True)
+    assert overlapped.stats["chunk_hits"] > 0
+    assert torch.equal(plain.logits, overlapped.logits)
+    full = eng.rank(_req(case), "full", keep_tensors=True)
+    exact = eng.rank(_req(case), "rcllm", keep_tensors=True, overlap=True, item_ratio=1.0,
+                     history_ratio=1.0)
+    assert (full.logits - exact.logits).abs().max().item() < 1e-3
+
+
+def test_overlapped_gather_failure_is_raised(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    _prime(eng, case)
+    key = eng.chunk_key("item", eng.builder.item_chunk(case.candidates[0]))
+    entry = eng.store.get(key)
+    # a corrupt entry (too few layers) must fail the request, not produce a silent answer
+    eng.store.put(key, dataclasses.replace(entry, k=entry.k[:1], v=entry.v[:1]))
+    with pytest.raises(RuntimeError, match="gathering reused KV failed"):
+        eng.rank(_req(case), "naive", overlap=True)

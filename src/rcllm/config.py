@@ -58,6 +58,7 @@ class ReuseConfig:
     cache_misses: bool = opt(True, "store the KV of chunk misses after answering")
     prefix_insert: bool = opt(True, "exact prompts (full, prefix) feed the prefix cache; benchmarks turn it off so a request never hits its own earlier run")
     store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
+    overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
 
     def validate(self) -> None:
         if self.method not in METHODS:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
@@ -42,6 +43,43 @@ class RankResult:
     stats: dict = field(default_factory=dict)
     logits: torch.Tensor | None = None   # [V] last position (kept when asked)
     hidden: torch.Tensor | None = None   # [d] final-normed last hidden state
+
+
+class LayerGather:
+    """Copies reused chunk KV into the prompt's buffers layer by layer in a thread, and rotates
+    each layer's keys to their prompt positions, while the prefill computes earlier layers
+    (`reuse.overlap`). Calling it with a layer blocks until that layer is ready and returns its
+    rotated keys [H_kv, N, D]; a failure in the thread is raised there, never swallowed."""
+
+    def __init__(self, model, k_buf: torch.Tensor, v_buf: torch.Tensor, copies: list):
+        self._ready = [threading.Event() for _ in range(k_buf.shape[0])]
+        self._rotated: list[torch.Tensor | None] = [None] * k_buf.shape[0]
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(model, k_buf, v_buf, copies),
+                                        name="rcllm-kv-gather", daemon=True)
+        self._thread.start()
+
+    def _run(self, model, k_buf, v_buf, copies) -> None:
+        try:
+            with torch.inference_mode():
+                positions = torch.arange(k_buf.shape[2], device=k_buf.device)
+                for layer, ready in enumerate(self._ready):
+                    for s, e, entry in copies:
+                        k_buf[layer, :, s:e] = entry.k[layer]
+                        v_buf[layer, :, s:e] = entry.v[layer]
+                    if layer:  # the prefill rotates layer 0 itself
+                        self._rotated[layer] = model.rope(k_buf[layer], positions)
+                    ready.set()
+        except BaseException as exc:  # surfaced to the prefill by __call__
+            self._error = exc
+            for ready in self._ready:
+                ready.set()
+
+    def __call__(self, layer: int) -> torch.Tensor:
+        self._ready[layer].wait()
+        if self._error is not None:
+            raise RuntimeError("gathering reused KV failed") from self._error
+        return self._rotated[layer]
 
 
 class Engine:
@@ -153,7 +191,7 @@ class Engine:
         exact = have.clone()
         stats = {"tokens": n, "prefix_tokens": prefix_len, "chunk_hits": 0, "chunk_misses": 0,
                  "reused_tokens": {"history": 0, "item": 0}}
-        misses = []
+        misses, copies = [], []
         start = 0
         for seg in prompt.segments:
             end = start + len(seg.token_ids)
@@ -163,8 +201,7 @@ class Engine:
                 if reuse.method in REUSE_METHODS and start >= prefix_len:
                     entry = self.store.get(self.chunk_key(seg.kind, seg.token_ids, reuse))
                     if entry is not None and entry.token_ids == seg.token_ids:
-                        k_buf[:, :, start:end] = entry.k
-                        v_buf[:, :, start:end] = entry.v
+                        copies.append((start, end, entry))
                         have[start:end] = True
                         stats["chunk_hits"] += 1
                         stats["reused_tokens"][seg.kind] += len(seg.token_ids)
@@ -174,6 +211,12 @@ class Engine:
             start = end
         inp = PrefillInputs(torch.tensor(ids, device=dev), k_buf, v_buf, have.to(dev),
                             exact.to(dev), kind.to(dev), offset.to(dev))
+        if reuse.overlap and copies:
+            inp.layer = LayerGather(self.model, k_buf, v_buf, copies)
+        else:
+            for s, e, entry in copies:
+                k_buf[:, :, s:e] = entry.k
+                v_buf[:, :, s:e] = entry.v
         return inp, stats, misses
 
     def rank(self, req: RankRequest, method: str | None = None, keep_tensors: bool = False,

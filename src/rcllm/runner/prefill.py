@@ -18,6 +18,7 @@ With a policy that selects every token this is exactly full recompute.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -36,6 +37,10 @@ class PrefillInputs:
     exact_kv: torch.Tensor   # [N] bool: cached KV is exact (prefix blocks): never recomputed
     kind: torch.Tensor       # [N] int8 codes of prompt.builder.KINDS
     offset: torch.Tensor     # [N] int: position inside its chunk (0 for non-chunk tokens)
+    # Overlap (engine's reuse.overlap): layer(l) blocks until k_buf[l]/v_buf[l] hold the reused
+    # KV and returns layer l's keys already rotated to their positions (the gather thread
+    # rotates them while earlier layers compute), or None when nothing was prepared.
+    layer: Callable[[int], torch.Tensor | None] | None = None
 
 
 @dataclass
@@ -50,9 +55,13 @@ class PrefillResult:
 def _layer(model: Transformer, layer: int, h: torch.Tensor, idx: torch.Tensor,
            inp: PrefillInputs, k_rot_pos: torch.Tensor, qkv=None) -> torch.Tensor:
     q, k, v = qkv if qkv is not None else model.qkv(layer, h)
+    k_rot = inp.layer(layer) if inp.layer is not None else None
     inp.k_buf[layer][:, idx] = k
     inp.v_buf[layer][:, idx] = v
-    k_rot = model.rope(inp.k_buf[layer], k_rot_pos)
+    if k_rot is None:
+        k_rot = model.rope(inp.k_buf[layer], k_rot_pos)
+    else:  # reused keys arrive rotated; only the recomputed ones are rotated here
+        k_rot[:, idx] = model.rope(k, idx)
     attn = model.attend(model.rope(q, idx), idx, k_rot, inp.v_buf[layer])
     return model.finish(layer, h, attn)
 
@@ -101,6 +110,8 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
     if int(idx[-1]) != n - 1:
         raise ValueError("the last token must be fresh (it produces the output)")
     h = model.embed(inp.ids[idx])
+    for layer in (0, 1) if inp.layer is not None else ():
+        inp.layer(layer)  # the probe reads layers 0 and 1 whole (unrotated copies suffice)
     q, k, v = model.qkv(0, h)
     inp.k_buf[0][:, idx] = k
     inp.v_buf[0][:, idx] = v
