@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "rcllm.commands.bench_prefill",
     "rcllm.commands.bench_ttft",
     "rcllm.commands.build_cache",
+    "rcllm.commands.build_history",
     "rcllm.commands.eval",
     "rcllm.commands.finetune",
     "rcllm.commands.rank",

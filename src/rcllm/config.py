@@ -58,6 +58,7 @@ class ReuseConfig:
     cache_misses: bool = opt(True, "store the KV of chunk misses after answering")
     prefix_insert: bool = opt(True, "exact prompts (full, prefix) feed the prefix cache; benchmarks turn it off so a request never hits its own earlier run")
     store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
+    prototypes: bool = opt(True, "fill review chunks missing from the exact cache from the history prototype library (when history.library is set)")
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
 
     def validate(self) -> None:
@@ -92,15 +93,27 @@ class PromptConfig:
 
 
 @dataclass(frozen=True)
+class HistoryConfig:
+    library: str = opt("", "history prototype library (from `rcllm build-history`); \"\" = exact chunk cache only")
+    threshold: float = opt(0.9, "a new review token reuses its nearest prototype's KV at cosine >= this")
+
+    def validate(self) -> None:
+        if not -1.0 <= self.threshold <= 1.0:
+            raise RcllmError("history.threshold must be within [-1, 1]")
+
+
+@dataclass(frozen=True)
 class RcllmConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
 
     def validate(self) -> None:
         self.model.validate()
         self.reuse.validate()
         self.prompt.validate()
+        self.history.validate()
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:

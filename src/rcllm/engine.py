@@ -99,6 +99,12 @@ class Engine:
         self.prefix.insert(self.builder.instruction_ids, out["k"], out["v"], len(instr))
         # KV of the context each chunk kind is built after (see compute_chunk)
         self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
+        self.history_library = None
+        if cfg.history.library:
+            from .history import PrototypeLibrary
+
+            self.history_library = PrototypeLibrary.load(
+                cfg.history.library, loaded.fingerprint, self.kind_tag("history"))
 
     # ---- chunk KV -----------------------------------------------------------------------
     def _context(self, kind: str, mode: str):
@@ -123,6 +129,15 @@ class Engine:
     def _kind_tag(self, kind: str, reuse: ReuseConfig) -> str:
         ctx = self._context(kind, reuse.chunk_context)
         return f"{kind}@{ctx[2] if ctx else 'none'}"
+
+    def kind_tag(self, kind: str) -> str:
+        """The tag chunks of `kind` are keyed under (kind + the context they are built after)."""
+        return self._kind_tag(kind, self.cfg.reuse)
+
+    def context_layer0(self, kind: str):
+        """Layer-0 (K, V) [H_kv, P, D] of the context chunks of `kind` are built after, or None."""
+        ctx = self._context(kind, self.cfg.reuse.chunk_context)
+        return (ctx[0][0], ctx[1][0]) if ctx else None
 
     def chunk_key(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None):
         return chunk_key(self.loaded.fingerprint, self._kind_tag(kind, reuse or self.cfg.reuse), ids)
@@ -190,7 +205,9 @@ class Engine:
             have[:prefix_len] = True
         exact = have.clone()
         stats = {"tokens": n, "prefix_tokens": prefix_len, "chunk_hits": 0, "chunk_misses": 0,
-                 "reused_tokens": {"history": 0, "item": 0}}
+                 "reused_tokens": {"history": 0, "item": 0}, "prototype_tokens": 0,
+                 "prototype_chunks": 0}
+        library = self.history_library if reuse.prototypes else None
         misses, copies = [], []
         start = 0
         for seg in prompt.segments:
@@ -208,6 +225,12 @@ class Engine:
                     else:
                         stats["chunk_misses"] += 1
                         misses.append((seg.kind, seg.token_ids))
+                        if seg.kind == "history" and library is not None:
+                            m = library.match(self, seg.token_ids, self.cfg.history.threshold)
+                            copies.append((start, end, ChunkKV(seg.token_ids, m.k, m.v)))
+                            have[start:end] = m.matched
+                            stats["prototype_chunks"] += 1
+                            stats["prototype_tokens"] += int(m.matched.sum())
             start = end
         inp = PrefillInputs(torch.tensor(ids, device=dev), k_buf, v_buf, have.to(dev),
                             exact.to(dev), kind.to(dev), offset.to(dev))
@@ -248,6 +271,7 @@ class Engine:
             "recomputed_fraction": float(computed.float().mean()),
             "recomputed_by_kind": {k: int((computed & (kinds == KINDS.index(k))).sum())
                                    for k in KINDS},
+            "tokens_by_kind": {k: int((kinds == KINDS.index(k)).sum()) for k in KINDS},
             "layer0_tokens": res.layer0_computed,
             "flops": res.flops, "full_flops": res.full_flops,
             "truncated_history": prompt.truncated_history,

@@ -1,0 +1,5 @@
+"""Semantic history cache: LSH prototypes of review tokens with precomputed KV (docs/history.md)."""
+
+from .library import BuildOptions, Match, PrototypeLibrary
+
+__all__ = ["BuildOptions", "Match", "PrototypeLibrary"]
