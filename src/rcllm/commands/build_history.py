@@ -199,10 +199,12 @@ def run_bench(args) -> int:
             row["history_recomputed_fraction"] = hist_tokens / max(total_hist, 1)
             row["prototype_tokens_fraction"] = (sum(s["prototype_tokens"] for s in runs)
                                                 / max(total_hist, 1))
+            # cache lookups + prototype matching + KV gather, on the TTFT path
+            row["assemble_p50_ms"] = float(np.median([s["assemble_ms"] for s in runs]))
         report["rows"] = rows
         cols = ["variant", "hr@10", "ndcg@10", "ndcg@10_delta_vs_full", "top1_agreement",
                 "kendall_tau", "kl_vs_full", "ttft_p50_ms", "recomputed_fraction",
-                "history_recomputed_fraction", "prototype_tokens_fraction"]
+                "history_recomputed_fraction", "prototype_tokens_fraction", "assemble_p50_ms"]
         print(markdown_table(rows, cols))
     if args.json:
         summary = {k: v for k, v in report.items() if k != "rows"}

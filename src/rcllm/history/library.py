@@ -35,6 +35,7 @@ from ..errors import RcllmError
 from .embed import embed_tokens, first_layer_states
 
 log = logging.getLogger(__name__)
+logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise
 FORMAT = "rcllm-history-prototypes-1"
 TENSORS = ("k", "v", "emb", "token_ids", "offsets", "counts", "mean", "std")
 
