@@ -118,7 +118,7 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
     k_rot = model.rope(inp.k_buf[0], pos_all)
     q_rot = model.rope(q, idx)
     attn = model.attend(q_rot, idx, k_rot, inp.v_buf[0])
-    mass = _attention_mass(model, q_rot, idx, k_rot) if probe else None
+    mass = _attention_mass(model, q_rot, idx, k_rot) if probe and 0 in policy.mass_layers() else None
     h = model.finish(0, h, attn)
     start, qkv1, probe_tokens = 1, None, 0
     if probe:
@@ -129,10 +129,12 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
         dk = (k1[:, reused] - inp.k_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
         dv = (v1[:, reused] - inp.v_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
         dev[r_pos] = (dk + dv).sqrt()
-        # layer-1 heavy hitters: the last queries over layer-1 keys as the probe recomputed them
-        k1_all = inp.k_buf[1].clone()
-        k1_all[:, idx] = k1
-        mass1 = _attention_mass(model, model.rope(q1, idx), idx, model.rope(k1_all, pos_all))
+        mass1 = None
+        if 1 in policy.mass_layers():
+            # layer-1 heavy hitters: the last queries over layer-1 keys as the probe made them
+            k1_all = inp.k_buf[1].clone()
+            k1_all[:, idx] = k1
+            mass1 = _attention_mass(model, model.rope(q1, idx), idx, model.rope(k1_all, pos_all))
         chosen = policy.select(inp, Probe(deviation=dev, mass=mass, mass1=mass1)) | fresh
         keep = chosen[idx]
         probe_tokens = len(idx)

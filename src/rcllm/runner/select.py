@@ -29,8 +29,8 @@ HISTORY, ITEM = KINDS.index("history"), KINDS.index("item")
 @dataclass
 class Probe:
     deviation: torch.Tensor  # [N] layer-1 KV deviation of reused tokens (0 elsewhere)
-    mass: torch.Tensor       # [N] layer-0 attention mass received from the last queries
-    mass1: torch.Tensor      # [N] the same at layer 1 (over the probe's layer-1 keys)
+    mass: torch.Tensor | None   # [N] layer-0 attention mass received from the last queries
+    mass1: torch.Tensor | None  # [N] the same at layer 1 (over the probe's layer-1 keys)
 
 
 def _top(mask: torch.Tensor, score: torch.Tensor, k: int) -> torch.Tensor:
@@ -51,6 +51,10 @@ def _budget(ratio: float, count: int) -> int:
 
 class SelectionPolicy:
     needs_probe = False
+
+    def mass_layers(self) -> tuple[int, ...]:
+        """Layers whose attention mass select() reads (the probe computes only those)."""
+        return ()
 
     def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
@@ -79,6 +83,9 @@ class CacheBlendPolicy(SelectionPolicy):
 
 class RcllmPolicy(SelectionPolicy):
     needs_probe = True
+
+    def mass_layers(self) -> tuple[int, ...]:
+        return (self.cfg.attention_layer,)
 
     def select(self, inp, probe: Probe) -> torch.Tensor:
         reused = inp.have_kv & ~inp.exact_kv
