@@ -60,3 +60,23 @@ def test_missing_and_unsupported_weights(tmp_path):
     corrupt.write_bytes(b"GGUF" + b"\0" * 64)
     with pytest.raises(RcllmError, match="could not read GGUF"):
         load_model(ModelConfig(path=str(corrupt), cache_dir=str(tmp_path / "cache")))
+
+
+@pytest.mark.parametrize("positions", [
+    list(range(10, 200)),                 # suffix after a short past: padded causal kernel
+    list(range(120, 200)),                # suffix after a long past: query blocks
+    sorted(set(range(0, 200, 3)) | {199}),  # scattered queries: query blocks
+])
+def test_attention_paths_equal_masked_reference(positions):
+    _, model = tiny_transformer("llama", vocab=512)
+    a = model.arch
+    g = torch.Generator().manual_seed(3)
+    pos = torch.tensor(positions)
+    q = torch.randn(a.num_heads, len(pos), a.head_dim, generator=g)
+    k = torch.randn(a.num_kv_heads, 200, a.head_dim, generator=g)
+    v = torch.randn(a.num_kv_heads, 200, a.head_dim, generator=g)
+    rep = a.num_heads // a.num_kv_heads
+    scores = q @ k.repeat_interleave(rep, 0).transpose(1, 2) * model.scale()
+    scores.masked_fill_(torch.arange(200)[None, None] > pos[None, :, None], float("-inf"))
+    ref = torch.softmax(scores, -1) @ v.repeat_interleave(rep, 0)
+    assert torch.allclose(model.attend(q, pos, k, v), ref, atol=1e-5)

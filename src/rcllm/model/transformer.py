@@ -110,6 +110,15 @@ class Transformer:
             return F.scaled_dot_product_attention(
                 q.unsqueeze(0), k_rot.unsqueeze(0), v.unsqueeze(0), is_causal=True,
                 enable_gqa=gqa).squeeze(0)
+        past = big_n - n
+        if past * 8 <= n and int(q_pos[0]) == past and int(q_pos[-1]) == big_n - 1:
+            # the queries are the last n slots after a short past (an exact prefix hit, the
+            # probe's layer 0): zero query rows for the past let the fused causal kernel run;
+            # their outputs are dropped. Costs past^2/2 extra pairs, hence the bound on past.
+            padded = torch.cat((q.new_zeros(q.shape[0], past, q.shape[2]), q), dim=1)
+            return F.scaled_dot_product_attention(
+                padded.unsqueeze(0), k_rot.unsqueeze(0), v.unsqueeze(0), is_causal=True,
+                enable_gqa=gqa).squeeze(0)[:, past:]
         out = torch.empty_like(q)
         blocks = max(1, min(ATTN_MAX_BLOCKS, n // ATTN_MIN_BLOCK))
         step = -(-n // blocks)
