@@ -30,7 +30,7 @@ def tiny_ft_config(tiny_model_dir, tmp_path):
         cfg = FinetuneConfig(
             model=ModelConfig(path=str(tiny_model_dir), threads=0, cache_dir=str(tmp_path / "c")),
             prompt=PromptConfig(history_window=2, max_review_tokens=8, max_item_tokens=8),
-            lora=LoraConfig(rank=4, alpha=8), train=TrainConfig(**opts))
+            lora=LoraConfig(rank=4, alpha=8, first_layer=0), train=TrainConfig(**opts))
         cfg.validate()
         return cfg
     return make

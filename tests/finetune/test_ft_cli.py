@@ -10,7 +10,8 @@ from rcllm.cli import main
 
 TINY_TRAIN = ["--set", "train.steps=3", "--set", "train.candidates=5", "--set",
               "prompt.history_window=2", "--set", "prompt.max_item_tokens=8", "--set",
-              "prompt.max_review_tokens=8", "--set", "lora.rank=2"]
+              "prompt.max_review_tokens=8", "--set", "lora.rank=2", "--set",
+              "lora.first_layer=1"]
 
 
 def _model(tiny_model_dir, tmp_path):

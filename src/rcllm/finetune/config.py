@@ -1,8 +1,8 @@
 """Options of `rcllm finetune` as frozen dataclasses (loaded like RcllmConfig: YAML + --set).
 
-The prompt defaults are shorter than the engine's (5 reviews of at most 24 tokens, item texts
-of at most 24 tokens, about 700 tokens for 20 candidates) so that the default run fits in an
-hour on two CPU cores; the adapter records its prompt settings and `rcllm eval --adapter`
+The prompt defaults are shorter than the engine's (5 reviews of at most 16 tokens, item texts
+of at most 16 tokens, about 530 tokens for 20 candidates) so that the default run fits in
+under an hour on two CPU cores (measured on one: docs/finetune.md); the adapter records its prompt settings and `rcllm eval --adapter`
 uses them, so a ranker is evaluated on the prompts it was trained on.
 """
 
@@ -18,7 +18,7 @@ LORA_TARGETS = ("q", "k", "v", "o")
 
 
 def default_prompt() -> PromptConfig:
-    return PromptConfig(history_window=5, max_review_tokens=24, max_item_tokens=24)
+    return PromptConfig(history_window=5, max_review_tokens=16, max_item_tokens=16)
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class LoraConfig:
     rank: int = opt(8, "rank r of each low-rank update B @ A")
     alpha: float = opt(16.0, "scale of the update is alpha / rank")
     targets: str = opt("q,k,v,o", "attention projections adapted (comma-separated of q,k,v,o)")
-    first_layer: int = opt(0, "layers below this one are not adapted (backward stops there)")
+    first_layer: int = opt(10, "layers below this one are not adapted (backward stops there)")
 
     @property
     def target_list(self) -> tuple[str, ...]:
@@ -48,7 +48,7 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = opt(240, "optimiser steps (one ranking prompt each)")
+    steps: int = opt(180, "optimiser steps (one ranking prompt each)")
     lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to a tenth)")
     warmup_steps: int = opt(10, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW decoupled weight decay")
