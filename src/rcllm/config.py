@@ -96,10 +96,13 @@ class PromptConfig:
 class HistoryConfig:
     library: str = opt("", "history prototype library (from `rcllm build-history`); \"\" = exact chunk cache only")
     threshold: float = opt(0.9, "a new review token reuses its nearest prototype's KV at cosine >= this")
+    search: str = opt("lsh", "\"lsh\": the prototype of the token's LSH bucket (fast); \"exact\": nearest of all by cosine")
 
     def validate(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:
             raise RcllmError("history.threshold must be within [-1, 1]")
+        if self.search not in ("lsh", "exact"):
+            raise RcllmError(f"history.search must be 'lsh' or 'exact', not {self.search!r}")
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,8 @@ class Engine:
                         stats["chunk_misses"] += 1
                         misses.append((seg.kind, seg.token_ids))
                         if seg.kind == "history" and library is not None:
-                            m = library.match(self, seg.token_ids, self.cfg.history.threshold)
+                            m = library.match(self, seg.token_ids, self.cfg.history.threshold,
+                                              self.cfg.history.search)
                             copies.append((start, end, ChunkKV(seg.token_ids, m.k, m.v)))
                             have[start:end] = m.matched
                             stats["prototype_chunks"] += 1

@@ -84,7 +84,7 @@ def test_embedding_mixes_position_by_weight():
 
 def test_full_budget_with_prototypes_equals_full(tiny_loaded, setup):
     ds, cases, eng, lib, path = setup
-    e2 = _engine(tiny_loaded, ds, path, "history.threshold=0.0")
+    e2 = _engine(tiny_loaded, ds, path, "history.threshold=0.0", "history.search=exact")
     case = cases[0]
     e2.build_items(case.candidates)
     req = RankRequest(case.user_id, case.history, case.candidates)
@@ -110,7 +110,7 @@ def test_threshold_leaves_unmatched_tokens_fresh(tiny_loaded, setup):
     e2 = _engine(tiny_loaded, ds, path, "history.threshold=0.99")
     e2.build_items(case.candidates)
     r = e2.rank(RankRequest(case.user_id, case.history, case.candidates), "rcllm")
-    expected = sum(int((lib.nearest(e2, e2.builder.history_chunk(h))[0] >= 0.99).sum())
+    expected = sum(int((lib.nearest(e2, e2.builder.history_chunk(h), "lsh")[0] >= 0.99).sum())
                    for h in case.history)
     assert r.stats["prototype_tokens"] == expected
     assert r.stats["prototype_chunks"] == len(case.history)
@@ -159,7 +159,9 @@ def test_cli_build_then_bench(tiny_model_dir, tmp_path, capsys):
                  "--scorer", "verbalizer", "--json", str(rep)]) == 0
     report = json.loads(rep.read_text())
     match = report["summary"]["match"]
-    assert set(match["match_rate"]) == {"0.9", "0.95", "0.99"}
+    assert set(match["match_rate_lsh"]) == set(match["match_rate_exact"]) == {"0.9", "0.95", "0.99"}
+    for t in ("0.9", "0.95", "0.99"):  # a bucket's prototype is never nearer than the nearest
+        assert match["match_rate_lsh"][t] <= match["match_rate_exact"][t] + 1e-9
     assert [c["prototypes"] for c in match["size_curve"]] == [8, min(64, report["summary"]["library"]["prototypes"])]
     labels = {r["variant"] for r in report["rows"]}
     assert {"rcllm 0.3/0.3 exact-only", "rcllm 0.3/0.3 +prototypes", "full"} <= labels
@@ -173,3 +175,18 @@ def test_cli_bad_options_are_clear(tiny_model_dir, tmp_path, capsys):
     assert "nbits" in capsys.readouterr().err
     assert main(["bench", "history", *base, "--library", str(tmp_path / "none")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_lsh_lookup_finds_the_bucket_prototype(setup):
+    ds, cases, eng, lib, path = setup
+    # a corpus token's own bucket holds a prototype; its look-up cosine is never above exact's
+    ids = eng.builder.history_chunk(next(e for u, h in ds.users.items()
+                                         if u not in {c.user_id for c in cases} for e in h))
+    cos_l, idx_l = lib.nearest(eng, ids, "lsh")
+    cos_e, idx_e = lib.nearest(eng, ids, "exact")
+    assert (cos_l <= cos_e + 1e-5).all()
+    assert (cos_l > -1).float().mean() > 0.5   # most buckets kept a prototype (600 of them)
+    with pytest.raises(RcllmError, match="history.search"):
+        lib.nearest(eng, ids, "fuzzy")
+    again = PrototypeLibrary.load(path)
+    assert torch.equal(again.nearest(eng, ids, "lsh")[1], idx_l)  # the index survives the file

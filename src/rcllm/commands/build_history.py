@@ -136,32 +136,36 @@ class _StatsTap:
 
 
 def match_statistics(engine, lib, cases, thresholds, sizes) -> dict:
-    """Nearest-prototype cosines of every token of the cases' reviews: match rates per
-    threshold, the share of matches that are the same token id, and the rates of the library
-    cut to each size (its most populous prototypes)."""
+    """Nearest-prototype cosines of every token of the cases' reviews, by LSH bucket look-up and
+    by exact search: match rates per threshold, the share of matches that are the same token
+    id, and the rates of the library cut to each size (its most populous prototypes)."""
     import torch
 
     reviews = list(dict.fromkeys(engine.builder.history_chunk(e) for c in cases for e in c.history))
-    cos, same, idx_all = [], [], []
-    for ids in reviews:
-        c, idx = lib.nearest(engine, ids)
-        cos.append(c)
-        idx_all.append(idx)
-        same.append(lib.t["token_ids"][idx] == torch.tensor(ids))
-    cos_t, idx_t = np.concatenate([c.numpy() for c in cos]), np.concatenate([i.numpy() for i in idx_all])
-    same_t = np.concatenate([s.numpy() for s in same])
-    rates = {f"{t:g}": float((cos_t >= t).mean()) for t in thresholds}
     thr = engine.cfg.history.threshold
+    out = {"reviews": len(reviews), "threshold": thr, "search": engine.cfg.history.search}
+    for search in ("lsh", "exact"):
+        cos, same, used = [], [], []
+        for ids in reviews:
+            c, idx = lib.nearest(engine, ids, search)
+            cos.append(c)
+            used.append(idx[c >= thr])
+            same.append((lib.t["token_ids"][idx] == torch.tensor(ids))[c >= thr])
+        cos_t = torch.cat(cos)
+        out["tokens"] = int(cos_t.numel())
+        out[f"match_rate_{search}"] = {f"{t:g}": float((cos_t >= t).float().mean()) for t in thresholds}
+        out[f"same_token_among_matched_{search}"] = float(torch.cat(same).float().mean())
+        out[f"distinct_prototypes_used_{search}"] = int(torch.cat(used).unique().numel())
     curve = []
     for size in sorted({min(s, len(lib)) for s in sizes}):
         sub = lib.truncated(int(size))
-        c = np.concatenate([sub.nearest(engine, ids)[0].numpy() for ids in reviews])
-        curve.append({"prototypes": len(sub), "bytes": sub.nbytes,
-                      **{f"match@{t:g}": float((c >= t).mean()) for t in thresholds}})
-    matched = cos_t >= thr
-    return {"reviews": len(reviews), "tokens": int(cos_t.size), "match_rate": rates,
-            "threshold": thr, "same_token_among_matched": float(same_t[matched].mean()) if matched.any() else None,
-            "distinct_prototypes_used": int(np.unique(idx_t[matched]).size), "size_curve": curve}
+        row = {"prototypes": len(sub), "bytes": sub.nbytes}
+        for search in ("lsh", "exact"):
+            c = torch.cat([sub.nearest(engine, ids, search)[0] for ids in reviews])
+            row.update({f"{search} match@{t:g}": float((c >= t).float().mean()) for t in thresholds})
+        curve.append(row)
+    out["size_curve"] = curve
+    return out
 
 
 def run_bench(args) -> int:
@@ -181,8 +185,10 @@ def run_bench(args) -> int:
     print(f"library: {len(lib)} prototypes, {lib.nbytes / 2**20:.1f} MiB")
     stats = match_statistics(engine, lib, cases, thresholds, sizes)
     report["match"] = stats
-    print(f"new review tokens ({stats['tokens']} in {stats['reviews']} reviews) matched at "
-          + ", ".join(f"cos>={t}: {r:.3f}" for t, r in stats["match_rate"].items()))
+    for search in ("lsh", "exact"):
+        print(f"new review tokens ({stats['tokens']} in {stats['reviews']} reviews) matched by "
+              f"{search} at " + ", ".join(f"cos>={t}: {r:.3f}"
+                                          for t, r in stats[f"match_rate_{search}"].items()))
     print(markdown_table(stats["size_curve"], list(stats["size_curve"][0])))
     if not args.no_eval:
         engine.build_items(sorted({c for case in cases for c in case.candidates}), progress=True)

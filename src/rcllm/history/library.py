@@ -37,7 +37,8 @@ from .embed import embed_tokens, first_layer_states
 log = logging.getLogger(__name__)
 logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise
 FORMAT = "rcllm-history-prototypes-1"
-TENSORS = ("k", "v", "emb", "token_ids", "offsets", "counts", "mean", "std")
+TENSORS = ("k", "v", "emb", "token_ids", "offsets", "counts", "mean", "std", "codes", "lsh")
+SEARCHES = ("lsh", "exact")
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,9 @@ class PrototypeLibrary:
         self.fingerprint: str = meta["fingerprint"]
         self.kind_tag: str = meta["kind_tag"]
         self.position_weight = float(meta["position_weight"])
-        self._index = None
+        self._flat = None        # exact search: faiss IndexFlatIP over the prototypes
+        self._lsh = None         # LSH search: the build's IndexLSH and code → prototype
+        self._bucket: dict[bytes, int] | None = None
         self._limit = len(tensors["emb"])
 
     def __len__(self) -> int:
@@ -137,6 +140,7 @@ class PrototypeLibrary:
         sample = emb.numpy()[rng.permutation(len(emb))[: 65536]]
         lsh.train(np.ascontiguousarray(sample))
         codes = lsh.sa_encode(np.ascontiguousarray(emb.numpy()))
+        lsh_bytes = torch.from_numpy(np.asarray(faiss.serialize_index(lsh), dtype=np.uint8).copy())
         _, bucket, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
         bucket = torch.from_numpy(bucket.reshape(-1).astype(np.int64))
         nb = int(counts.shape[0])
@@ -174,7 +178,8 @@ class PrototypeLibrary:
         tensors = {"k": k_out, "v": v_out, "emb": emb[protos].contiguous(),
                    "token_ids": token_ids, "offsets": where_t[protos, 1].contiguous(),
                    "counts": torch.from_numpy(counts[order.numpy()].astype(np.int64)),
-                   "mean": mean, "std": std}
+                   "mean": mean, "std": std,
+                   "codes": torch.from_numpy(codes[protos.numpy()].copy()), "lsh": lsh_bytes}
         meta = {"format": FORMAT, "fingerprint": engine.loaded.fingerprint,
                 "kind_tag": engine.kind_tag("history"),
                 "position_weight": repr(opts.position_weight), "options": json.dumps(asdict(opts)),
@@ -227,23 +232,46 @@ class PrototypeLibrary:
         return cls(tensors, meta)
 
     # ---- use ---------------------------------------------------------------------------
-    def nearest(self, engine, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cosine [T], prototype index [T]) of each token of a review chunk."""
+    def embed(self, engine, ids: Sequence[int]) -> torch.Tensor:
+        """Unit embeddings [T, E] of a review chunk's tokens, as the build embedded the corpus."""
+        dev = engine.model.device
+        states = first_layer_states(engine.model, torch.tensor(ids, device=dev),
+                                    engine.context_layer0("history")).float().cpu()
+        return embed_tokens(states, torch.arange(len(ids)), self.t["mean"], self.t["std"],
+                            self.position_weight)
+
+    def nearest(self, engine, ids: Sequence[int], search: str = "lsh"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cosine [T], prototype index [T]) of each token of a review chunk.
+
+        "lsh": the prototype of the token's LSH bucket (one hash and a dictionary look-up per
+        token; cosine -1 when the bucket kept no prototype). "exact": the nearest prototype by
+        cosine over all of them (faiss IndexFlatIP), the reference the LSH look-up approximates.
+        """
         import faiss
 
-        model, dev = engine.model, engine.model.device
-        ctx0 = engine.context_layer0("history")
-        states = first_layer_states(model, torch.tensor(ids, device=dev), ctx0).float().cpu()
-        q = embed_tokens(states, torch.arange(len(ids)), self.t["mean"], self.t["std"],
-                         self.position_weight)
-        if self._index is None:
-            self._index = faiss.IndexFlatIP(q.shape[1])
-            self._index.add(np.ascontiguousarray(self.t["emb"][: len(self)].numpy()))
-        sim, idx = self._index.search(np.ascontiguousarray(q.numpy()), 1)
-        return torch.from_numpy(sim[:, 0]), torch.from_numpy(idx[:, 0].astype(np.int64))
+        if search not in SEARCHES:
+            raise RcllmError(f"history.search must be one of {', '.join(SEARCHES)}, not {search!r}")
+        q = np.ascontiguousarray(self.embed(engine, ids).numpy())
+        if search == "exact":
+            if self._flat is None:
+                self._flat = faiss.IndexFlatIP(q.shape[1])
+                self._flat.add(np.ascontiguousarray(self.t["emb"][: len(self)].numpy()))
+            sim, idx = self._flat.search(q, 1)
+            return torch.from_numpy(sim[:, 0]), torch.from_numpy(idx[:, 0].astype(np.int64))
+        if self._lsh is None:
+            self._lsh = faiss.deserialize_index(self.t["lsh"].numpy())
+            codes = self.t["codes"][: len(self)].numpy()
+            self._bucket = {codes[i].tobytes(): i for i in range(len(codes))}
+        found = [self._bucket.get(c.tobytes(), -1) for c in self._lsh.sa_encode(q)]
+        idx = torch.tensor(found, dtype=torch.long)
+        hit = idx >= 0
+        idx = idx.clamp_min(0)
+        cos = (torch.from_numpy(q) * self.t["emb"][idx]).sum(1)
+        return torch.where(hit, cos, torch.full_like(cos, -1.0)), idx
 
-    def match(self, engine, ids: Sequence[int], threshold: float) -> Match:
-        cos, idx = self.nearest(engine, ids)
+    def match(self, engine, ids: Sequence[int], threshold: float, search: str = "lsh") -> Match:
+        cos, idx = self.nearest(engine, ids, search)
         matched = cos >= threshold
         dev, dtype = engine.model.device, engine.model.dtype
         k = self.t["k"][idx].permute(1, 2, 0, 3).to(device=dev, dtype=dtype)
