@@ -142,17 +142,18 @@ def match_statistics(engine, lib, cases, thresholds, sizes) -> dict:
     import torch
 
     reviews = list(dict.fromkeys(engine.builder.history_chunk(e) for c in cases for e in c.history))
+    embedded = [lib.embed(engine, ids) for ids in reviews]  # independent of the library's size
     thr = engine.cfg.history.threshold
-    out = {"reviews": len(reviews), "threshold": thr, "search": engine.cfg.history.search}
+    out = {"reviews": len(reviews), "threshold": thr, "search": engine.cfg.history.search,
+           "tokens": sum(len(ids) for ids in reviews)}
     for search in ("lsh", "exact"):
         cos, same, used = [], [], []
-        for ids in reviews:
-            c, idx = lib.nearest(engine, ids, search)
+        for ids, emb in zip(reviews, embedded):
+            c, idx = lib.search(emb, search)
             cos.append(c)
             used.append(idx[c >= thr])
             same.append((lib.t["token_ids"][idx] == torch.tensor(ids))[c >= thr])
         cos_t = torch.cat(cos)
-        out["tokens"] = int(cos_t.numel())
         out[f"match_rate_{search}"] = {f"{t:g}": float((cos_t >= t).float().mean()) for t in thresholds}
         out[f"same_token_among_matched_{search}"] = float(torch.cat(same).float().mean())
         out[f"distinct_prototypes_used_{search}"] = int(torch.cat(used).unique().numel())
@@ -161,7 +162,7 @@ def match_statistics(engine, lib, cases, thresholds, sizes) -> dict:
         sub = lib.truncated(int(size))
         row = {"prototypes": len(sub), "bytes": sub.nbytes}
         for search in ("lsh", "exact"):
-            c = torch.cat([sub.nearest(engine, ids, search)[0] for ids in reviews])
+            c = torch.cat([sub.search(emb, search)[0] for emb in embedded])
             row.update({f"{search} match@{t:g}": float((c >= t).float().mean()) for t in thresholds})
         curve.append(row)
     out["size_curve"] = curve
@@ -169,7 +170,6 @@ def match_statistics(engine, lib, cases, thresholds, sizes) -> dict:
 
 
 def run_bench(args) -> int:
-    from ..bench.ttft import prepare_caches
     from ..eval.runner import evaluate
 
     thresholds = _floats(args.thresholds, "--thresholds")

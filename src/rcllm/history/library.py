@@ -248,11 +248,15 @@ class PrototypeLibrary:
         token; cosine -1 when the bucket kept no prototype). "exact": the nearest prototype by
         cosine over all of them (faiss IndexFlatIP), the reference the LSH look-up approximates.
         """
+        return self.search(self.embed(engine, ids), search)
+
+    def search(self, emb: torch.Tensor, search: str = "lsh") -> tuple[torch.Tensor, torch.Tensor]:
+        """`nearest` for embeddings [T, E] already made by `embed`."""
         import faiss
 
         if search not in SEARCHES:
             raise RcllmError(f"history.search must be one of {', '.join(SEARCHES)}, not {search!r}")
-        q = np.ascontiguousarray(self.embed(engine, ids).numpy())
+        q = np.ascontiguousarray(emb.numpy())
         if search == "exact":
             if self._flat is None:
                 self._flat = faiss.IndexFlatIP(q.shape[1])
