@@ -28,9 +28,13 @@ from .runner.prefill import PrefillInputs, prefill
 from .runner.prefix_cache import PrefixCache
 from .runner.scoring import continuation_scores, verbalizer_scores
 from .runner.select import make_policy
+from .userprefix.scoring import suffix_last_hidden, yes_no_logits
 
 log = logging.getLogger(__name__)
 REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # methods that reuse chunk KV
+# verbalizer / likelihood: the listwise prompt; pointwise: the rcllm.userprefix yes/no prompt
+# with every candidate scored after the one selectively prefilled user side
+SCORERS = ("verbalizer", "likelihood", "pointwise")
 
 
 @dataclass
@@ -41,8 +45,10 @@ class RankResult:
     ttft_ms: float                   # request arrival → first-token logits
     total_ms: float                  # including likelihood scoring where used
     stats: dict = field(default_factory=dict)
-    logits: torch.Tensor | None = None   # [V] last position (kept when asked)
-    hidden: torch.Tensor | None = None   # [d] final-normed last hidden state
+    # kept when asked: [V] logits of the last position and its final-normed hidden state [d];
+    # with the pointwise scorer each candidate's (yes, no) logits [C, 2] and hidden [C, d]
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
 
 
 class LayerGather:
@@ -88,15 +94,26 @@ class Engine:
         self.loaded = loaded
         self.model = loaded.model
         self.cfg = cfg
+        if scorer not in SCORERS:
+            raise RcllmError(f"unknown scorer {scorer!r}; use one of {', '.join(SCORERS)}")
         self.scorer = scorer
         self.catalog = catalog
+        # the pointwise scorer keeps the listwise builder for chunk texts and contexts
         self.builder = PromptBuilder(loaded.tokenizer, catalog, cfg.prompt,
-                                     self.model.arch.max_positions, scorer)
+                                     self.model.arch.max_positions,
+                                     "verbalizer" if scorer == "pointwise" else scorer)
+        self.pointwise = None
+        if scorer == "pointwise":
+            from .userprefix.prompt import PointwisePrompt
+
+            self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
         self.store: KVStore = store or MemoryLRUStore(cfg.reuse.store_bytes)
         self.prefix = PrefixCache(loaded.fingerprint, cfg.reuse.prefix_block)
-        instr = torch.tensor(self.builder.instruction_ids, device=self.model.device)
-        out = self.model.forward(instr, return_kv=True)
-        self.prefix.insert(self.builder.instruction_ids, out["k"], out["v"], len(instr))
+        instr_ids = (self.pointwise.instruction_ids if self.pointwise is not None
+                     else self.builder.instruction_ids)
+        out = self.model.forward(torch.tensor(instr_ids, device=self.model.device),
+                                 return_kv=True)
+        self.prefix.insert(instr_ids, out["k"], out["v"], len(instr_ids))
         # KV of the context each chunk kind is built after (see compute_chunk)
         self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
         self.history_library = None
@@ -249,17 +266,29 @@ class Engine:
         thread-safe (one request at a time per engine)."""
         t0 = time.perf_counter()
         reuse = self.reuse_config(req, method, **overrides)
-        prompt = self.builder.build(req)
+        pw = self.pointwise
+        prompt = self.builder.build(req) if pw is None else pw.prompt(req)
         t1 = time.perf_counter()
         inp, stats, misses = self._assemble(prompt, reuse)
         t2 = time.perf_counter()
         res = prefill(self.model, inp, make_policy(reuse))
-        logits = self.model.logits(res.hidden_last)
+        if pw is not None:
+            # every candidate's title + question tail after the (selectively) prefilled user
+            # side; its first answer token is the request's first token
+            with torch.inference_mode():
+                h = suffix_last_hidden(self.model, inp.k_buf, inp.v_buf,
+                                       [pw.title_ids(c) for c in prompt.candidates])
+                logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)    # [C, 2]
+                hidden = self.model.final_hidden(h)
+            scores_t = logits[:, 0] - logits[:, 1]
+        else:
+            logits = self.model.logits(res.hidden_last)
+            hidden = None
         ttft_ms = (time.perf_counter() - t0) * 1e3
         if self.scorer == "likelihood":
             conts = [self.builder.continuation_ids(c) for c in prompt.candidates]
             scores_t = continuation_scores(self.model, inp.k_buf, inp.v_buf, logits, conts)
-        else:
+        elif pw is None:
             scores_t = verbalizer_scores(logits, prompt.label_token_ids)
         total_ms = (time.perf_counter() - t0) * 1e3
         scores = {c: float(s) for c, s in zip(prompt.candidates, scores_t)}
@@ -283,7 +312,8 @@ class Engine:
         result = RankResult(ranking, scores, reuse.method, ttft_ms, total_ms, stats)
         if keep_tensors:
             result.logits = logits.detach()
-            result.hidden = self.model.final_hidden(res.hidden_last).detach()
+            result.hidden = (hidden if hidden is not None
+                             else self.model.final_hidden(res.hidden_last)).detach()
         return result
 
     def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, res, misses) -> None:

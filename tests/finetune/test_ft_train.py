@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rcllm.eval.protocol import split_users
@@ -21,8 +22,9 @@ def _probe(trainer, steps=range(16)) -> float:
     return sum(float(trainer.loss_at(s)[0]) for s in steps) / len(steps)
 
 
-def test_loss_goes_down(tiny_ft_config, fav_dataset, tmp_path):
-    t = _trainer(tiny_ft_config(), fav_dataset, tmp_path / "a")
+@pytest.mark.parametrize("objective", ["pointwise", "listwise"])
+def test_loss_goes_down(tiny_ft_config, fav_dataset, tmp_path, objective):
+    t = _trainer(tiny_ft_config(objective=objective), fav_dataset, tmp_path / "a")
     before = _probe(t)
     assert t.run(progress=False) == tmp_path / "a"
     patch = LoraPatch(t.model, t.lora)
@@ -80,12 +82,26 @@ def _request(trainer):
     return RankRequest(draw.example.user_id, draw.example.history, draw.candidates)
 
 
-def test_pointwise_loss_is_added_when_weighted(tiny_ft_config, fav_dataset, tmp_path):
-    listwise = _trainer(tiny_ft_config(steps=2), fav_dataset, tmp_path / "l")
-    both = _trainer(tiny_ft_config(steps=2, pointwise_weight=1.0), fav_dataset, tmp_path / "p")
+def test_pointwise_scores_equal_plain_forwards(tiny_ft_config, fav_dataset, tmp_path):
+    """The packed training pass scores each candidate as one forward over its whole prompt
+    (user side + head + title + tail) would — the prompt the engine's pointwise scorer reads."""
+    t = _trainer(tiny_ft_config(candidates=3), fav_dataset, tmp_path / "p")
+    draw = t.stream.draw(0)
+    pw, ex = t.pointwise, draw.example
     with torch.no_grad():
-        extra = float(both.pointwise_loss(both.stream.draw(0)))
-        assert extra > 0
-        assert abs(float(both.loss_at(0)[0]) - float(listwise.loss_at(0)[0]) - extra) < 1e-4
-    both.run(progress=False)
-    assert both.state.step == 2
+        got = t.pointwise_scores(draw)
+        want = []
+        for c in draw.candidates:
+            ids = torch.tensor(pw.user_side(ex.user_id, ex.history).ids + pw.candidate_ids(c))
+            hidden = t.model.forward(ids, return_hidden=True)["hidden"]
+            yes, no = (hidden @ t.model.lm_head[[pw.yes_id, pw.no_id]].T).tolist()
+            want.append(yes - no)
+    torch.testing.assert_close(got, torch.tensor(want), rtol=1e-4, atol=1e-4)
+    patch = LoraPatch(t.model, t.lora)
+    patch.install()
+    try:
+        loss, _ = t.loss_at(0)
+        loss.backward()
+    finally:
+        patch.restore()
+    assert all(f.grad is not None for f in t.lora.factors.values())  # reaches every factor

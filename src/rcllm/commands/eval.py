@@ -29,9 +29,11 @@ def register(top, bench) -> None:
     p.add_argument("--grid", metavar="R1,R2,..",
                    help="also run rcllm at every (item, history) pair of these ratios and plot a "
                         "budget heat map")
-    p.add_argument("--scorer", choices=("verbalizer", "likelihood"), default="verbalizer",
+    p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
                    help="verbalizer: label logits at the last position (LlamaRec); likelihood: "
-                        "mean log-prob of each candidate's title as the continuation")
+                        "mean log-prob of each candidate's title as the continuation; "
+                        "pointwise: yes/no log-odds of each candidate after the user side "
+                        "(TALLRec). Default: what the adapter was trained for, else verbalizer")
     p.add_argument("--permutations", type=int, default=1,
                    help="average each item's score over this many label orders (default 1)")
     p.add_argument("--adapter", metavar="PATH",
@@ -55,11 +57,14 @@ def run(args) -> int:
     cfg = engine_config(args)
     fractions, split_seed = DEFAULT_SPLIT
     adapter = args.adapter or cfg.model.adapter
+    scorer = args.scorer or "verbalizer"
     if adapter:
-        from ..finetune.adapter import eval_settings
+        from ..finetune.adapter import eval_settings, trained_scorer
 
         cfg, fractions, split_seed = eval_settings(cfg, adapter)
+        scorer = args.scorer or trained_scorer(adapter)
         print(f"adapter {adapter}: prompt settings {cfg.prompt}")
+    args.scorer = scorer
     variants = parse_methods(args.methods, args.item_ratio, args.history_ratio)
     grid = [float(x) for x in args.grid.split(",")] if args.grid else []
     variants += [Variant("rcllm", i, h) for i in grid for h in grid

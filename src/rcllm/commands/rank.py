@@ -23,7 +23,10 @@ def register(top, bench) -> None:
     add_engine_options(p)
     add_data_options(p, requests=1)
     p.add_argument("--request", required=True, metavar="FILE", help="request JSON (see docs)")
-    p.add_argument("--scorer", choices=("verbalizer", "likelihood"), default="verbalizer")
+    p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
+                   default="verbalizer",
+                   help="verbalizer (listwise labels), likelihood (titles) or pointwise (yes/no "
+                        "log-odds per candidate)")
     p.set_defaults(func=run)
 
 

@@ -43,9 +43,23 @@ def _ranking_fidelity(ref_scores, scores) -> dict:
             "kendall_tau": M.kendall_tau(ref_scores, scores)}
 
 
+def _per_item(result, t: torch.Tensor) -> torch.Tensor:
+    """Rows of a per-candidate tensor (pointwise scorer: one row per candidate in prompt order)
+    put in item-id order, so two runs with different candidate orders compare item by item."""
+    if t.dim() < 2:
+        return t
+    order = list(result.scores)  # prompt order
+    return t[[order.index(c) for c in sorted(order)]]
+
+
 def _fidelity(ref, res, ref_scores, scores) -> dict:
-    kl = float(M.kl_from_logits(ref.logits.double().numpy(), res.logits.double().numpy()))
-    cos = float(torch.nn.functional.cosine_similarity(ref.hidden, res.hidden, dim=0))
+    """KL of the next-token distribution and cosine of the final hidden state against full;
+    with the pointwise scorer the KL is that of each candidate's yes/no distribution, averaged
+    over the candidates, and the cosine is taken over all candidates' hidden states."""
+    kl = float(np.mean(M.kl_from_logits(_per_item(ref, ref.logits).double().numpy(),
+                                        _per_item(res, res.logits).double().numpy())))
+    cos = float(torch.nn.functional.cosine_similarity(
+        _per_item(ref, ref.hidden).flatten(), _per_item(res, res.hidden).flatten(), dim=0))
     return {**_ranking_fidelity(ref_scores, scores), "kl_vs_full": kl,
             "hidden_cosine_vs_full": cos}
 

@@ -137,3 +137,11 @@ def eval_settings(cfg, path: str | Path):
                               model=dataclasses.replace(cfg.model, adapter=str(path)))
     split = manifest["split"]
     return cfg, tuple(split["fractions"]), int(split["seed"])
+
+
+def trained_scorer(path: str | Path) -> str:
+    """The engine scorer that ranks the way the adapter at `path` was trained to: pointwise
+    for `train.objective=pointwise`, the verbalizer for listwise (and adapters from before the
+    option existed)."""
+    objective = read_manifest(path).get("train", {}).get("objective", "listwise")
+    return "pointwise" if objective == "pointwise" else "verbalizer"

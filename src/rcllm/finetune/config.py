@@ -15,10 +15,11 @@ from ..config import ModelConfig, PromptConfig, opt
 from ..errors import RcllmError
 
 LORA_TARGETS = ("q", "k", "v", "o")
+OBJECTIVES = ("pointwise", "listwise")
 
 
 def default_prompt() -> PromptConfig:
-    return PromptConfig(history_window=5, max_review_tokens=16, max_item_tokens=16)
+    return PromptConfig(history_window=5, max_review_tokens=32, max_item_tokens=16)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class LoraConfig:
     rank: int = opt(8, "rank r of each low-rank update B @ A")
     alpha: float = opt(16.0, "scale of the update is alpha / rank")
     targets: str = opt("q,k,v,o", "attention projections adapted (comma-separated of q,k,v,o)")
-    first_layer: int = opt(10, "layers below this one are not adapted (backward stops there)")
+    first_layer: int = opt(0, "layers below this one are not adapted (backward stops there)")
 
     @property
     def target_list(self) -> tuple[str, ...]:
@@ -48,17 +49,18 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = opt(180, "optimiser steps (one ranking prompt each)")
+    steps: int = opt(720, "optimiser steps (one ranking prompt each)")
     lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to a tenth)")
     warmup_steps: int = opt(10, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW decoupled weight decay")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
     seed: int = opt(0, "seeds the LoRA init, the example order, negatives and label orders")
-    candidates: int = opt(20, "candidates per training prompt (target + popularity negatives)")
-    targets: str = opt("last", "last: each training user's last item; all: every item after "
+    objective: str = opt("pointwise", "pointwise: yes/no log-odds of each candidate after the user "
+                                      "side (rcllm.userprefix prompt), softmax over the "
+                                      "candidates; listwise: the verbalizer label of the target")
+    candidates: int = opt(8, "candidates per training prompt (target + popularity negatives)")
+    targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
-    pointwise_weight: float = opt(0.0, "weight of the pointwise yes/no loss (the userprefix "
-                                       "prompt; target vs one negative) added each step; 0 = off")
     split: str = opt("0.8,0.1,0.1", "train,validation,test fractions of the users")
     split_seed: int = opt(0, "seed of the user split (eval --users test uses the same)")
     checkpoint_every: int = opt(20, "steps between checkpoints (resume restarts from the last)")
@@ -74,8 +76,9 @@ class TrainConfig:
     def validate(self) -> None:
         if self.steps < 1 or self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
             raise RcllmError("need train.steps >= 1, train.lr > 0, warmup_steps >= 0, grad_clip >= 0")
-        if self.pointwise_weight < 0:
-            raise RcllmError("train.pointwise_weight must be >= 0")
+        if self.objective not in OBJECTIVES:
+            raise RcllmError(f"train.objective must be one of {', '.join(OBJECTIVES)}, "
+                             f"not {self.objective!r}")
         if not 2 <= self.candidates <= 26:
             raise RcllmError("train.candidates must be within 2..26")
         if self.targets not in ("last", "all"):

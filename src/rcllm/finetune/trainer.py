@@ -1,9 +1,15 @@
 """The fine-tuning loop: listwise verbalizer loss, checkpoints, resume, the adapter folder.
 
-Loss: the engine's own listwise prompt (PromptBuilder, verbalizer question) runs through the
-transformer's exact forward with the LoRA-patched weights; the loss is the cross-entropy of the
-target's label among the candidate labels at the last position — the softmax the verbalizer
-scorer ranks by (`runner.scoring.verbalizer_scores`).
+Loss (`train.objective`), both through the transformer's exact forward with the LoRA-patched
+weights:
+- pointwise (default): the TALLRec prompt of `rcllm.userprefix` — the user side, then per
+  candidate "Will I like <title>? Answer:"; each candidate's score is its " Yes" − " No" logit,
+  and the loss is the cross-entropy of the target among the candidates' scores (a softmax
+  over candidates, so every step contrasts the target with popularity negatives). This is
+  what the engine's pointwise scorer ranks by.
+- listwise: the engine's listwise prompt (PromptBuilder, verbalizer question); cross-entropy of
+  the target's label among the candidate labels at the last position — the softmax the
+  verbalizer scorer ranks by (`runner.scoring.verbalizer_scores`).
 
 Folder: `<cache root>/adapters/<key>/`, key = sha256(base model fingerprint, dataset digest,
 the options that change the weights). It holds `checkpoint/` (factors + AdamW state as
@@ -78,7 +84,7 @@ class Trainer:
         self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
         self.state = TrainState()
         self.pointwise = None
-        if t.pointwise_weight > 0:
+        if t.objective == "pointwise":
             from ..userprefix.prompt import PointwisePrompt
 
             self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
@@ -86,31 +92,35 @@ class Trainer:
     # ---- one step -----------------------------------------------------------------------
     def loss_at(self, step: int) -> tuple[torch.Tensor, bool]:
         """Loss of step `step`'s prompt under the current factors (graph kept for backward),
-        and whether the target's label scored highest."""
+        and whether the target scored highest."""
         draw = self.stream.draw(step)
+        scores = (self.pointwise_scores(draw) if self.pointwise is not None
+                  else self.listwise_scores(draw))
+        loss = F.cross_entropy(scores.unsqueeze(0),
+                               torch.tensor([draw.target_index], device=scores.device))
+        return loss, int(scores.argmax()) == draw.target_index
+
+    def listwise_scores(self, draw) -> torch.Tensor:
+        """The candidate labels' logits [C] at the last position of the listwise prompt."""
         ex = draw.example
         prompt = self.builder.build(RankRequest(ex.user_id, ex.history, draw.candidates))
         ids = torch.tensor(prompt.token_ids, device=self.model.device)
-        logits = self.model.forward(ids)["logits"][list(prompt.label_token_ids)]  # [C]
-        loss = F.cross_entropy(logits.float().unsqueeze(0),
-                               torch.tensor([draw.target_index], device=logits.device))
-        if self.pointwise is not None:
-            loss = loss + self.cfg.train.pointwise_weight * self.pointwise_loss(draw)
-        return loss, int(logits.argmax()) == draw.target_index
+        return self.model.forward(ids)["logits"][list(prompt.label_token_ids)].float()
 
-    def pointwise_loss(self, draw) -> torch.Tensor:
-        """Yes/no cross-entropy of the pointwise prompt (rcllm.userprefix) for the target (yes)
-        and the candidate after it in label order (no)."""
+    def pointwise_scores(self, draw) -> torch.Tensor:
+        """Each candidate's yes/no log-odds [C]: one forward over the user side (the
+        rcllm.userprefix prompt, question head included), then every candidate's title +
+        question tail in one packed pass that sees the user side and itself only — the
+        computation the engine's pointwise scorer runs, with the graph kept."""
+        from ..userprefix.scoring import suffix_last_hidden, yes_no_logits
+
         ex, pw = draw.example, self.pointwise
-        side = pw.user_side(ex.user_id, ex.history).ids
-        negative = draw.candidates[(draw.target_index + 1) % len(draw.candidates)]
-        total = torch.zeros(())
-        for item, label in ((ex.target, 0), (negative, 1)):  # label index into (yes, no)
-            ids = torch.tensor(side + pw.candidate_ids(item), device=self.model.device)
-            logits = self.model.forward(ids)["logits"][[pw.yes_id, pw.no_id]].float()
-            total = total + F.cross_entropy(logits.unsqueeze(0),
-                                            torch.tensor([label], device=logits.device))
-        return total / 2
+        side = pw.user_side(ex.user_id, ex.history).ids + pw.head_ids
+        out = self.model.forward(torch.tensor(side, device=self.model.device), return_kv=True)
+        h = suffix_last_hidden(self.model, out["k"], out["v"],
+                               [pw.title_ids(c) for c in draw.candidates])
+        logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)
+        return logits[:, 0] - logits[:, 1]
 
     def _step(self, patch: LoraPatch, step: int) -> None:
         t = self.cfg.train

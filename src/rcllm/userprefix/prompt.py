@@ -86,10 +86,48 @@ class PointwisePrompt:
                              f"the limit of {self.max_prefix_tokens}; shorten the history")
         return UserSide(user_id, ids, history_hash(history), len(history))
 
+    def prompt(self, req) -> "Prompt":
+        """The engine's pointwise prompt of a RankRequest as typed segments: the user side
+        (instruction, then bullet + history chunk per entry, the last `history_window`
+        entries) and the shared question head; `title_ids(c)` of every candidate follows it.
+        Token for token this is `user_side(...).ids + head_ids`. RcllmError for bad input."""
+        from ..prompt.builder import Prompt, Segment
+
+        b = self.builder
+        b.validate(req)
+        window = b.cfg.history_window
+        history = list(req.history)[-window:] if window else []
+        segs = [Segment("instruction", self._instruction)]
+        for entry in history:
+            segs.append(Segment("dynamic", b.context_ids("history")))
+            segs.append(Segment("history", b.history_chunk(entry), entry.item_id))
+        segs.append(Segment("question", self._head))
+        out = Prompt(segs, tuple(req.candidates), (), len(req.history) - len(history))
+        longest = max(len(self.title_ids(c)) for c in req.candidates)
+        if len(out) + longest > self.max_prefix_tokens:
+            raise RcllmError(f"the pointwise prompt has {len(out) + longest} tokens, over the "
+                             f"limit of {self.max_prefix_tokens}; lower prompt.history_window "
+                             "or prompt.max_review_tokens")
+        return out
+
+    @property
+    def instruction_ids(self) -> tuple[int, ...]:
+        return self._instruction
+
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        """The question head every candidate suffix starts with ("\n\nWill I like")."""
+        return self._head
+
     def candidate_ids(self, item_id: ItemId) -> tuple[int, ...]:
         """The suffix scored for one candidate; RcllmError for an unknown item."""
+        return self._head + self.title_ids(item_id)
+
+    def title_ids(self, item_id: ItemId) -> tuple[int, ...]:
+        """The candidate suffix without its head: title + question tail (the engine's
+        pointwise scorer keeps the shared head in the user side, so only these differ)."""
         item = self.builder.catalog.get(item_id)
         if item is None:
             raise RcllmError(f"unknown candidate item id {item_id!r}")
         title = item.title.strip() or f"item {item_id}"
-        return self._head + self._encode(" " + title)[:MAX_TITLE_TOKENS] + self._tail
+        return self._encode(" " + title)[:MAX_TITLE_TOKENS] + self._tail

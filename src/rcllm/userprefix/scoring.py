@@ -31,13 +31,6 @@ def compute_prefix(model: Transformer, ids: Sequence[int]) -> PrefixKV:
     return PrefixKV(out["k"], out["v"])
 
 
-def _yes_prob(model: Transformer, h_last: torch.Tensor, yes_id: int, no_id: int) -> torch.Tensor:
-    """h_last [C, d] → P(yes) [C] over {yes, no}."""
-    head = model.lm_head[[yes_id, no_id]]                         # [2, d]
-    logits = F.linear(model.final_hidden(h_last), head).float()   # [C, 2]
-    return torch.softmax(logits, dim=-1)[:, 0]
-
-
 def _groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
     """Token ranges [start, end) of consecutive whole candidates, ≤ GROUP_TOKENS each
     (a longer single candidate forms its own group)."""
@@ -52,16 +45,15 @@ def _groups(lengths: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-@torch.inference_mode()
-def score_batched(model: Transformer, prefix: PrefixKV, suffixes: Sequence[Sequence[int]],
-                  yes_id: int, no_id: int) -> torch.Tensor:
-    """P(yes) per candidate [C] (float32, CPU) in one pass over the cached prefix.
-
-    The prefix is not modified. Raises ValueError for an empty suffix.
-    """
+def suffix_last_hidden(model: Transformer, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+                       suffixes: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The last hidden state (before the final norm) of every suffix [C, d], each suffix
+    placed right after the prefix (keys pre-RoPE, [L, H_kv, N, D]) and seeing only it and
+    itself. No inference mode: fine-tuning backpropagates through it (and through the prefix
+    KV when that carries a graph). Raises ValueError for an empty suffix."""
     if any(len(s) == 0 for s in suffixes):
         raise ValueError("empty candidate suffix")
-    dev, n = model.device, prefix.tokens
+    dev, n = model.device, prefix_k.shape[2]
     lengths = [len(s) for s in suffixes]
     ids = torch.tensor([t for s in suffixes for t in s], device=dev)          # [m]
     pos = torch.cat([torch.arange(n, n + k, device=dev) for k in lengths])   # [m]
@@ -79,17 +71,34 @@ def score_batched(model: Transformer, prefix: PrefixKV, suffixes: Sequence[Seque
     for layer in range(model.arch.num_layers):
         q, k, v = model.qkv(layer, h)                                        # [H, m, D]
         q, k = model.rope(q, pos), model.rope(k, pos)
-        pk = model.rope(prefix.k[layer], prefix_pos)                         # [H_kv, n, D]
-        pv = prefix.v[layer]
-        attn = torch.empty_like(q)
+        pk = model.rope(prefix_k[layer], prefix_pos)                         # [H_kv, n, D]
+        pv = prefix_v[layer]
+        parts = []
         for (a, b), mask in zip(groups, masks):
             keys = torch.cat((pk, k[:, a:b]), dim=1)
             vals = torch.cat((pv, v[:, a:b]), dim=1)
-            attn[:, a:b] = F.scaled_dot_product_attention(
+            parts.append(F.scaled_dot_product_attention(
                 q[:, a:b].unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0), attn_mask=mask,
-                enable_gqa=gqa).squeeze(0)
-        h = model.finish(layer, h, attn)
-    return _yes_prob(model, h[last], yes_id, no_id).cpu()
+                enable_gqa=gqa).squeeze(0))
+        h = model.finish(layer, h, parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+    return h[last]
+
+
+def yes_no_logits(model: Transformer, h_last: torch.Tensor, yes_id: int, no_id: int
+                  ) -> torch.Tensor:
+    """Last hidden states [C, d] (before the final norm) → the (yes, no) logits [C, 2]."""
+    return F.linear(model.final_hidden(h_last), model.lm_head[[yes_id, no_id]]).float()
+
+
+@torch.inference_mode()
+def score_batched(model: Transformer, prefix: PrefixKV, suffixes: Sequence[Sequence[int]],
+                  yes_id: int, no_id: int) -> torch.Tensor:
+    """P(yes) per candidate [C] (float32, CPU) in one pass over the cached prefix.
+
+    The prefix is not modified. Raises ValueError for an empty suffix.
+    """
+    h = suffix_last_hidden(model, prefix.k, prefix.v, suffixes)
+    return torch.softmax(yes_no_logits(model, h, yes_id, no_id), dim=-1)[:, 0].cpu()
 
 
 @torch.inference_mode()
