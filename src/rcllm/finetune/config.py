@@ -1,9 +1,10 @@
 """Options of `rcllm finetune` as frozen dataclasses (loaded like RcllmConfig: YAML + --set).
 
-The prompt defaults are shorter than the engine's (5 reviews of at most 16 tokens, item texts
-of at most 16 tokens, about 530 tokens for 20 candidates) so that the default run fits in
-under an hour on two CPU cores (measured on one: docs/finetune.md); the adapter records its prompt settings and `rcllm eval --adapter`
-uses them, so a ranker is evaluated on the prompts it was trained on.
+The prompt defaults are shorter than the engine's (5 reviews of at most 32 tokens, enough for
+the review's date, rating and item title; item texts of at most 16 tokens) so that the default
+run (720 pointwise steps of 8 candidates) fits in under an hour on two CPU cores (measured on
+one: docs/finetune.md). The adapter records its prompt settings and objective, and
+`rcllm eval --adapter` adopts them, so a ranker is evaluated on the prompts it was trained on.
 """
 
 from __future__ import annotations
