@@ -10,7 +10,7 @@ import pytest
 from rcllm.config import RcllmConfig
 from rcllm.errors import RcllmError
 from rcllm.eval.protocol import split_users
-from rcllm.finetune.adapter import eval_settings
+from rcllm.finetune.adapter import eval_settings, trained_scorer
 from rcllm.finetune.trainer import Trainer
 from rcllm.model.loading import load_model
 
@@ -73,3 +73,13 @@ def test_eval_adopts_the_adapter_prompt(adapter):
         RcllmConfig().prompt, history_window=3))
     with pytest.raises(RcllmError, match="prompt settings"):
         eval_settings(other, folder)
+
+
+def test_eval_scorer_follows_the_objective(adapter, tiny_ft_config, fav_dataset, tmp_path):
+    _, folder = adapter
+    assert trained_scorer(folder) == "pointwise"
+    cfg = tiny_ft_config(steps=2, objective="listwise")
+    users = split_users(fav_dataset, cfg.train.fractions, cfg.train.split_seed)[0]
+    listwise = tmp_path / "listwise"
+    Trainer(load_model(cfg.model), fav_dataset, users, cfg, listwise, "k").run(progress=False)
+    assert trained_scorer(listwise) == "verbalizer"

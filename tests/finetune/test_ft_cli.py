@@ -41,6 +41,11 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     assert {"full", "full_reordered", "random", "popularity", "item_knn"} <= set(variants)
     assert data["config"]["engine"]["prompt"]["history_window"] == 2  # adopted from the adapter
     assert data["config"]["engine"]["model"]["adapter"] == str(folders[0])
+    # the default objective is pointwise: eval ranks with the pointwise scorer, whose scores
+    # cannot depend on the candidate order
+    assert data["config"]["scorer"] == "pointwise"
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert rows["full_reordered"]["top1_agreement"] == 1.0
     for row in data["rows"]:
         assert row["hr@10_ci_low"] <= row["hr@10"] <= row["hr@10_ci_high"]
 
