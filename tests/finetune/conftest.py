@@ -25,7 +25,8 @@ def fav_dataset():
 @pytest.fixture
 def tiny_ft_config(tiny_model_dir, tmp_path):
     def make(**train) -> FinetuneConfig:
-        opts = dict(steps=100, lr=1e-2, candidates=2, warmup_steps=2, checkpoint_every=10)
+        opts = dict(steps=100, lr=1e-2, candidates=2, warmup_steps=2, checkpoint_every=10,
+                    targets="last")
         opts.update(train)
         cfg = FinetuneConfig(
             model=ModelConfig(path=str(tiny_model_dir), threads=0, cache_dir=str(tmp_path / "c")),
