@@ -267,7 +267,10 @@ class Engine:
         t0 = time.perf_counter()
         reuse = self.reuse_config(req, method, **overrides)
         pw = self.pointwise
-        prompt = self.builder.build(req) if pw is None else pw.prompt(req)
+        if pw is None:
+            prompt = self.builder.build(req)
+        else:
+            prompt, suffixes = pw.prompt(req)
         t1 = time.perf_counter()
         inp, stats, misses = self._assemble(prompt, reuse)
         t2 = time.perf_counter()
@@ -276,8 +279,7 @@ class Engine:
             # every candidate's title + question tail after the (selectively) prefilled user
             # side; its first answer token is the request's first token
             with torch.inference_mode():
-                h = suffix_last_hidden(self.model, inp.k_buf, inp.v_buf,
-                                       [pw.title_ids(c) for c in prompt.candidates])
+                h = suffix_last_hidden(self.model, inp.k_buf, inp.v_buf, suffixes)
                 logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)    # [C, 2]
                 hidden = self.model.final_hidden(h)
             scores_t = logits[:, 0] - logits[:, 1]
@@ -288,7 +290,7 @@ class Engine:
         if self.scorer == "likelihood":
             conts = [self.builder.continuation_ids(c) for c in prompt.candidates]
             scores_t = continuation_scores(self.model, inp.k_buf, inp.v_buf, logits, conts)
-        elif pw is None:
+        elif self.scorer == "verbalizer":
             scores_t = verbalizer_scores(logits, prompt.label_token_ids)
         total_ms = (time.perf_counter() - t0) * 1e3
         scores = {c: float(s) for c, s in zip(prompt.candidates, scores_t)}

@@ -29,7 +29,7 @@ def _req(case, order=None):
 def _reference(engine, case):
     """Each candidate's yes − no logit from one plain forward over its whole prompt."""
     pw, model = engine.pointwise, engine.model
-    side = list(pw.prompt(_req(case)).token_ids)
+    side = list(pw.prompt(_req(case))[0].token_ids)
     out = []
     for c in case.candidates:
         ids = torch.tensor(side + list(pw.title_ids(c)))

@@ -108,17 +108,17 @@ class Trainer:
         return self.model.forward(ids)["logits"][list(prompt.label_token_ids)].float()
 
     def pointwise_scores(self, draw) -> torch.Tensor:
-        """Each candidate's yes/no log-odds [C]: one forward over the user side (the
-        rcllm.userprefix prompt, question head included), then every candidate's title +
-        question tail in one packed pass that sees the user side and itself only — the
+        """Each candidate's yes/no log-odds [C]: one forward over the engine's pointwise
+        prompt (`PointwisePrompt.prompt`: user side + question head), then every candidate's
+        title + question tail in one packed pass that sees the user side and itself only — the
         computation the engine's pointwise scorer runs, with the graph kept."""
         from ..userprefix.scoring import suffix_last_hidden, yes_no_logits
 
         ex, pw = draw.example, self.pointwise
-        side = pw.user_side(ex.user_id, ex.history).ids + pw.head_ids
-        out = self.model.forward(torch.tensor(side, device=self.model.device), return_kv=True)
-        h = suffix_last_hidden(self.model, out["k"], out["v"],
-                               [pw.title_ids(c) for c in draw.candidates])
+        prompt, suffixes = pw.prompt(RankRequest(ex.user_id, ex.history, draw.candidates))
+        ids = torch.tensor(prompt.token_ids, device=self.model.device)
+        out = self.model.forward(ids, return_kv=True)
+        h = suffix_last_hidden(self.model, out["k"], out["v"], suffixes)
         logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)
         return logits[:, 0] - logits[:, 1]
 

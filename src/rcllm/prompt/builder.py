@@ -153,21 +153,29 @@ class PromptBuilder:
         if unknown:
             raise RcllmError(f"unknown candidate item id {unknown[0]!r}")
 
+    def history_segments(self, history: Sequence[HistoryEntry]) -> tuple[list[Segment], int]:
+        """Bullet + history chunk segments of the last `history_window` entries, and how many
+        older entries were dropped (shared by the listwise and the pointwise prompt)."""
+        window = self.cfg.history_window
+        kept = list(history)[-window:] if window else []
+        segs = []
+        for entry in kept:
+            segs.append(Segment("dynamic", self._bullet))
+            segs.append(Segment("history", self.history_chunk(entry), entry.item_id))
+        return segs, len(history) - len(kept)
+
     def build(self, req: RankRequest) -> Prompt:
         """Builds the prompt; raises RcllmError for bad input or a prompt over the context."""
         self.validate(req)
-        history = list(req.history)[-self.cfg.history_window:] if self.cfg.history_window else []
-        segs = [Segment("instruction", self._instruction)]
-        for entry in history:
-            segs.append(Segment("dynamic", self._bullet))
-            segs.append(Segment("history", self.history_chunk(entry), entry.item_id))
+        history, dropped = self.history_segments(req.history)
+        segs = [Segment("instruction", self._instruction), *history]
         segs.append(Segment("dynamic", self._header))
         for label, item_id in zip(LABELS, req.candidates):
             segs.append(Segment("dynamic", self._encode(f"\n({label})")))
             segs.append(Segment("item", self.item_chunk(item_id), item_id))
         segs.append(Segment("question", self._question))
         prompt = Prompt(segs, tuple(req.candidates), self._labels[: len(req.candidates)],
-                        truncated_history=len(req.history) - len(history))
+                        truncated_history=dropped)
         if len(prompt) > self.max_context:
             raise RcllmError(f"the prompt has {len(prompt)} tokens, over the model's context of "
                              f"{self.max_context}; lower prompt.history_window or the token limits")

@@ -86,29 +86,26 @@ class PointwisePrompt:
                              f"the limit of {self.max_prefix_tokens}; shorten the history")
         return UserSide(user_id, ids, history_hash(history), len(history))
 
-    def prompt(self, req) -> "Prompt":
-        """The engine's pointwise prompt of a RankRequest as typed segments: the user side
-        (instruction, then bullet + history chunk per entry, the last `history_window`
-        entries) and the shared question head; `title_ids(c)` of every candidate follows it.
-        Token for token this is `user_side(...).ids + head_ids`. RcllmError for bad input."""
+    def prompt(self, req) -> tuple["Prompt", list[tuple[int, ...]]]:
+        """The engine's pointwise prompt of a RankRequest as typed segments — the user side
+        (instruction, then bullet + history chunk of each of the last `history_window`
+        entries) and the shared question head — and `title_ids(c)` of every candidate, the
+        suffixes scored after it. Token for token, prompt + suffix is `user_side(...).ids +
+        candidate_ids(c)`. RcllmError for bad input."""
         from ..prompt.builder import Prompt, Segment
 
-        b = self.builder
-        b.validate(req)
-        window = b.cfg.history_window
-        history = list(req.history)[-window:] if window else []
-        segs = [Segment("instruction", self._instruction)]
-        for entry in history:
-            segs.append(Segment("dynamic", b.context_ids("history")))
-            segs.append(Segment("history", b.history_chunk(entry), entry.item_id))
-        segs.append(Segment("question", self._head))
-        out = Prompt(segs, tuple(req.candidates), (), len(req.history) - len(history))
-        longest = max(len(self.title_ids(c)) for c in req.candidates)
-        if len(out) + longest > self.max_prefix_tokens:
-            raise RcllmError(f"the pointwise prompt has {len(out) + longest} tokens, over the "
-                             f"limit of {self.max_prefix_tokens}; lower prompt.history_window "
-                             "or prompt.max_review_tokens")
-        return out
+        self.builder.validate(req)
+        history, dropped = self.builder.history_segments(req.history)
+        segs = [Segment("instruction", self._instruction), *history,
+                Segment("question", self._head)]
+        out = Prompt(segs, tuple(req.candidates), (), dropped)
+        suffixes = [self.title_ids(c) for c in req.candidates]
+        total = len(out) + max(len(s) for s in suffixes)
+        if total > self.max_prefix_tokens:
+            raise RcllmError(f"the pointwise prompt has {total} tokens, over the limit of "
+                             f"{self.max_prefix_tokens}; lower prompt.history_window or "
+                             "prompt.max_review_tokens")
+        return out, suffixes
 
     @property
     def instruction_ids(self) -> tuple[int, ...]:

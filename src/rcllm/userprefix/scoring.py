@@ -73,14 +73,14 @@ def suffix_last_hidden(model: Transformer, prefix_k: torch.Tensor, prefix_v: tor
         q, k = model.rope(q, pos), model.rope(k, pos)
         pk = model.rope(prefix_k[layer], prefix_pos)                         # [H_kv, n, D]
         pv = prefix_v[layer]
-        parts = []
+        attn = torch.empty_like(q)
         for (a, b), mask in zip(groups, masks):
             keys = torch.cat((pk, k[:, a:b]), dim=1)
             vals = torch.cat((pv, v[:, a:b]), dim=1)
-            parts.append(F.scaled_dot_product_attention(
+            attn[:, a:b] = F.scaled_dot_product_attention(
                 q[:, a:b].unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0), attn_mask=mask,
-                enable_gqa=gqa).squeeze(0))
-        h = model.finish(layer, h, parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+                enable_gqa=gqa).squeeze(0)
+        h = model.finish(layer, h, attn)
     return h[last]
 
 
