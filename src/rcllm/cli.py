@@ -27,7 +27,7 @@ COMMAND_MODULES = (
     "rcllm.checkpoints.cli",
     "rcllm.sim.cli",
     "rcllm.kvstore.cli",
-    "rcllm.catalog.cli",
+    "rcllm.sharding.cli",
     "rcllm.userprefix.cli",
     "rcllm.serve.cli",
 )

@@ -24,10 +24,10 @@ from .kvstore.base import ChunkKV, KVStore, MemoryLRUStore, chunk_key
 from .model.loading import LoadedModel
 from .prompt.builder import KINDS, Prompt, PromptBuilder, RankRequest
 from .records import HistoryEntry, Item, ItemId
-from .runner.prefill import PrefillInputs, prefill
-from .runner.prefix_cache import PrefixCache
-from .runner.scoring import continuation_scores, verbalizer_scores
-from .runner.select import make_policy
+from .prefill.selective import PrefillInputs, prefill
+from .prefill.prefix_cache import PrefixCache
+from .prefill.scoring import continuation_scores, verbalizer_scores
+from .prefill.selection import selection_policy
 from .userprefix.scoring import suffix_last_hidden, yes_no_logits
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class Engine:
         self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
         self.history_library = None
         if cfg.history.library:
-            from .history import PrototypeLibrary
+            from .prototypes import PrototypeLibrary
 
             self.history_library = PrototypeLibrary.load(
                 cfg.history.library, loaded.fingerprint, self.kind_tag("history"))
@@ -274,7 +274,7 @@ class Engine:
         t1 = time.perf_counter()
         inp, stats, misses = self._assemble(prompt, reuse)
         t2 = time.perf_counter()
-        res = prefill(self.model, inp, make_policy(reuse))
+        res = prefill(self.model, inp, selection_policy(reuse))
         if pw is not None:
             # every candidate's title + question tail after the (selectively) prefilled user
             # side; its first answer token is the request's first token

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rcllm.schedule import (ArrayLocality, ClusterView, CostModel, InstanceView, MethodConfig,
-                            RequestShape, RoutingRequest, make_policy)
+                            RequestShape, RoutingRequest, routing_policy)
 from rcllm.schedule.vidur_fit import builtin_profile
 
 K = 4
@@ -25,31 +25,31 @@ def setup():
 
 def test_round_robin_cycles(setup):
     view, req, cost = setup
-    rr = make_policy("round-robin", cost)
+    rr = routing_policy("round-robin", cost)
     assert [rr.choose(req, view) for _ in range(6)] == [0, 1, 2, 3, 0, 1]
 
 
 def test_load_only_picks_least_outstanding(setup):
     view, req, cost = setup
     view.outstanding_ms[:] = [50.0, 20.0, 5.0, 30.0]
-    assert make_policy("load-only", cost).choose(req, view) == 2
+    assert routing_policy("load-only", cost).choose(req, view) == 2
 
 
 def test_hit_only_ignores_load(setup):
     view, req, cost = setup
     view.outstanding_ms[:] = [1e6, 0.0, 0.0, 0.0]
-    assert make_policy("hit-only", cost).choose(req, view) == 0
+    assert routing_policy("hit-only", cost).choose(req, view) == 0
 
 
 def test_affinity_trades_hits_for_idleness(setup):
     view, req, cost = setup
-    aff = make_policy("affinity", cost)
+    aff = routing_policy("affinity", cost)
     view.outstanding_ms[:] = [10.0, 0.0, 0.0, 0.0]
     assert aff.choose(req, view) == 0           # a short queue is worth the hits
     view.outstanding_ms[:] = [5000.0, 0.0, 0.0, 0.0]
     assert aff.choose(req, view) != 0           # a long one is not
-    assert make_policy("affinity", cost, w_hit=1.0, w_idle=0.0).choose(req, view) == 0
-    assert make_policy("affinity", cost, w_hit=0.0, w_idle=1.0).choose(req, view) == 1
+    assert routing_policy("affinity", cost, w_hit=1.0, w_idle=0.0).choose(req, view) == 0
+    assert routing_policy("affinity", cost, w_hit=0.0, w_idle=1.0).choose(req, view) == 1
 
 
 def test_cost_based_picks_lowest_estimated_ttft(setup):
@@ -57,9 +57,9 @@ def test_cost_based_picks_lowest_estimated_ttft(setup):
     view.outstanding_ms[:] = [30.0, 0.0, 0.0, 0.0]
     local = view.locality.local_tokens(req.items, req.item_tokens)
     expected = int(np.argmin(cost.ttft_ms(req.shape, local, view.outstanding_ms)))
-    assert make_policy("cost", cost).choose(req, view) == expected == 0
+    assert routing_policy("cost", cost).choose(req, view) == expected == 0
     view.outstanding_ms[:] = [500.0, 0.0, 0.0, 0.0]
-    assert make_policy("cost", cost).choose(req, view) == 1
+    assert routing_policy("cost", cost).choose(req, view) == 1
 
 
 def test_instance_views_give_same_decisions(setup):
@@ -74,4 +74,4 @@ def test_instance_views_give_same_decisions(setup):
     assert np.allclose(real.locality.local_tokens(req.items, req.item_tokens),
                        loc.local_tokens(req.items, req.item_tokens))
     for name in ("load-only", "hit-only", "affinity", "cost"):
-        assert make_policy(name, cost).choose(req, real) == make_policy(name, cost).choose(req, view)
+        assert routing_policy(name, cost).choose(req, real) == routing_policy(name, cost).choose(req, view)

@@ -44,7 +44,7 @@ def test_placements_hot_and_shards():
         build_locality(w, 8, "nope")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("rcllm.catalog") is None, reason="no rcllm.catalog")
+@pytest.mark.skipif(importlib.util.find_spec("rcllm.sharding") is None, reason="no rcllm.sharding")
 def test_metis_placement_beats_hash_on_hit_rate():
     w = synthetic_workload(SyntheticSpec(num_items=2000, num_requests=500,
                                          placement_requests=1500, num_communities=16))

@@ -72,7 +72,7 @@ def _test_users(ds):
 
 def run_build(args) -> int:
     from ..eval.protocol import split_users
-    from ..history import BuildOptions, PrototypeLibrary
+    from ..prototypes import BuildOptions, PrototypeLibrary
     from ..model.loading import cache_root
 
     if args.max_reviews < 1:

@@ -145,3 +145,10 @@ def trained_scorer(path: str | Path) -> str:
     option existed)."""
     objective = read_manifest(path).get("train", {}).get("objective", "listwise")
     return "pointwise" if objective == "pointwise" else "verbalizer"
+
+
+def trained_method(path: str | Path) -> str:
+    """The reuse method that matches how the adapter at `path` was trained: a reuse-aware
+    adapter (`train.reuse`, its item chunks trained on the KV the chunk store holds) reuses item
+    KV as is ("naive"); any other adapter recomputes a budget of reused tokens ("rcllm")."""
+    return "naive" if read_manifest(path).get("train", {}).get("reuse", False) else "rcllm"

@@ -9,7 +9,7 @@ weights:
   what the engine's pointwise scorer ranks by.
 - listwise: the engine's listwise prompt (PromptBuilder, verbalizer question); cross-entropy of
   the target's label among the candidate labels at the last position — the softmax the
-  verbalizer scorer ranks by (`runner.scoring.verbalizer_scores`).
+  verbalizer scorer ranks by (`prefill.scoring.verbalizer_scores`).
 
 Folder: `<cache root>/adapters/<key>/`, key = sha256(base model fingerprint, dataset digest,
 the options that change the weights). It holds `checkpoint/` (factors + AdamW state as

@@ -1,7 +1,7 @@
 """Position-independent KV chunks, their content keys, and the store interface.
 
 A chunk's keys are stored *before* RoPE, so the same entry serves the chunk at any position:
-the runner rotates them to wherever the chunk lands in a prompt. The key of an entry is a hash
+the prefill rotates them to wherever the chunk lands in a prompt. The key of an entry is a hash
 of (model fingerprint, chunk kind, token ids): a model update (new fingerprint) can never be
 served stale KV, and the same text at another position hits the same entry.
 """

@@ -1,7 +1,7 @@
 """Layer-wise preloading (CachedAttention): hand out layer l while layers l+1.. load behind.
 
 `LayerPrefetcher` runs `fetch_layer(0..L-1)` on a background thread into a bounded queue of
-depth `lookahead`, and the consumer (the runner's layer loop) iterates layers in order: layer
+depth `lookahead`, and the consumer (the prefill's layer loop) iterates layers in order: layer
 l's compute overlaps the fetch of layers l+1..l+lookahead. `chunk_layers()` applies this to a
 request's chunks: the store lookups happen on the background thread too (so the caller can run
 work such as the first, fully computed layer meanwhile), then each layer's K/V of every chunk

@@ -1,6 +1,6 @@
 """A plain-torch Llama-family decoder with explicit positions.
 
-The class exposes the per-layer primitives the selective-recompute runner composes (project
+The class exposes the per-layer primitives the selective prefill composes (project
 q/k/v for a subset of tokens, attend over all keys, finish the layer) and a straightforward
 `forward` for the exact paths (full prefill, prefix continuation, chunk builds).
 

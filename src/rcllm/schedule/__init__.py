@@ -5,11 +5,11 @@ No torch here (a layering test checks): the same objects run inside the simulato
 """
 
 from .cost import METHODS, CostModel, MethodConfig, RequestShape, Work
-from .policies import POLICIES, RoutingPolicy, make_policy
+from .policies import POLICIES, RoutingPolicy, routing_policy
 from .profiles import MODELS, ModelSpec, SpeedProfile, cpu_smollm2_profile, gpu_profile
 from .views import ArrayLocality, ClusterView, InstanceView, RoutingRequest, SetLocality
 
 __all__ = ["METHODS", "CostModel", "MethodConfig", "RequestShape", "Work", "POLICIES",
-           "RoutingPolicy", "make_policy", "MODELS", "ModelSpec", "SpeedProfile",
+           "RoutingPolicy", "routing_policy", "MODELS", "ModelSpec", "SpeedProfile",
            "cpu_smollm2_profile", "gpu_profile", "ArrayLocality", "ClusterView", "InstanceView",
            "RoutingRequest", "SetLocality"]

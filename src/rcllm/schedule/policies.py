@@ -120,7 +120,7 @@ class CostBased:
         return int(np.argmin(ttft))
 
 
-def make_policy(name: str, cost: CostModel, w_hit: float = 1.0,
+def routing_policy(name: str, cost: CostModel, w_hit: float = 1.0,
                 w_idle: float = 4.0) -> RoutingPolicy:
     """A fresh policy object by name (one of POLICIES)."""
     if name == "round-robin":

@@ -19,10 +19,10 @@ import os
 import time
 from typing import Any
 
-from ..catalog.sharding import build_placement
+from ..sharding.sharding import build_placement
 from ..errors import RcllmError
 from ..records import Item
-from ..schedule import CostModel, MethodConfig, cpu_smollm2_profile, make_policy
+from ..schedule import CostModel, MethodConfig, cpu_smollm2_profile, routing_policy
 from .instance import Instance
 from .spec import EngineSpec
 from .views import LiveInstance, cluster_view, routing_request
@@ -58,7 +58,7 @@ class RayBackend:
         self.cost = CostModel(self.profile, MethodConfig())
         self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
         self.fetch_remote = fetch_remote
-        self.policy = make_policy(policy, self.cost)
+        self.policy = routing_policy(policy, self.cost)
         self.retries = 0
 
     def _place(self, spec: EngineSpec, k: int, hot_fraction: float) -> list[list[str]]:

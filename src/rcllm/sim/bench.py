@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..schedule.cost import CostModel, MethodConfig
-from ..schedule.policies import make_policy
+from ..schedule.policies import routing_policy
 from ..schedule.views import ClusterView, RoutingRequest
 from ..schedule.vidur_fit import builtin_profile
 from .engine import SimConfig, simulate
@@ -43,7 +43,7 @@ def bench_routing(num_instances: int = 100, repeats: int = 2000,
                            w.item_tokens[w.candidates[i]]) for i in range(repeats)]
     out = {}
     for name in ("round-robin", "load-only", "hit-only", "affinity", "cost"):
-        policy = make_policy(name, cost)
+        policy = routing_policy(name, cost)
         t0 = time.perf_counter()
         for req in reqs:
             policy.choose(req, view)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..schedule.cost import CostModel, MethodConfig, RequestShape
-from ..schedule.policies import make_policy
+from ..schedule.policies import routing_policy
 from ..schedule.profiles import SpeedProfile
 from ..schedule.views import ArrayLocality, ClusterView, RoutingRequest
 from .result import SimResult
@@ -100,7 +100,7 @@ def simulate(workload: Workload, arrivals_ms: np.ndarray, locality: ArrayLocalit
     hist_hit = history_hits(rng, workload, cfg.history_hit_rate)
     cost = CostModel(profile, cfg.method)
     view = ClusterView(locality, profile)
-    policy = make_policy(cfg.policy_name(), cost, cfg.w_hit, cfg.w_idle)
+    policy = routing_policy(cfg.policy_name(), cost, cfg.w_hit, cfg.w_idle)
     cluster = _Cluster(view, profile.max_batch_tokens, n)
     res = SimResult.empty(n, k, workload.name)
     tokens_of = workload.item_tokens

@@ -1,6 +1,6 @@
 """Item-cache placement for the simulator: which instance holds which item's KV.
 
-The simulator accepts any object with the `Placement` protocol (rcllm.catalog's METIS placement
+The simulator accepts any object with the `Placement` protocol (rcllm.sharding's METIS placement
 has it) and turns it into the array form `ArrayLocality` routes with. Two placements of its own
 need no graph partitioner: `hash` (hot replication + seeded random shards, the baseline that
 ignores co-occurrence) and `community` (hot replication + the synthetic generator's
@@ -58,9 +58,9 @@ def from_protocol(placement: Placement, num_items: int, num_instances: int,
 
 def _metis(workload: Workload, k: int, hot_fraction: float, seed: int) -> ArrayLocality:
     try:
-        from rcllm.catalog.sharding import build_placement
+        from rcllm.sharding.sharding import build_placement
     except ModuleNotFoundError:
-        raise RcllmError("placement 'metis' needs rcllm.catalog; use 'hash' or 'community'")
+        raise RcllmError("placement 'metis' needs rcllm.sharding; use 'hash' or 'community'")
     reqs = workload.placement_requests.tolist()
     seen = np.unique(workload.placement_requests)
     tokens = dict(zip(seen.tolist(), workload.item_tokens[seen].tolist()))

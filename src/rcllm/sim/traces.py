@@ -18,7 +18,7 @@ from .workload import Workload
 
 
 def _tokens(text: str, cap: int) -> int:
-    from rcllm.catalog.tokens import estimate_tokens
+    from rcllm.sharding.tokens import estimate_tokens
     return min(estimate_tokens(text), cap)
 
 

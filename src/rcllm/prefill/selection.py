@@ -109,6 +109,6 @@ class RcllmPolicy(SelectionPolicy):
         return chosen
 
 
-def make_policy(cfg: ReuseConfig) -> SelectionPolicy:
+def selection_policy(cfg: ReuseConfig) -> SelectionPolicy:
     return {"epic": EpicPolicy, "cacheblend": CacheBlendPolicy,
             "rcllm": RcllmPolicy}.get(cfg.method, SelectionPolicy)(cfg)

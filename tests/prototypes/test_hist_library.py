@@ -13,8 +13,8 @@ from rcllm.engine import Engine
 from rcllm.errors import RcllmError
 from rcllm.eval.datasets import load_dataset
 from rcllm.eval.protocol import build_cases
-from rcllm.history import BuildOptions, PrototypeLibrary
-from rcllm.history.embed import POSITION_DIMS, embed_tokens, position_code
+from rcllm.prototypes import BuildOptions, PrototypeLibrary
+from rcllm.prototypes.embed import POSITION_DIMS, embed_tokens, position_code
 from rcllm.prompt import RankRequest
 
 

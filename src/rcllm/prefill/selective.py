@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from ..model.transformer import Transformer
-from .select import Probe, SelectionPolicy
+from .selection import Probe, SelectionPolicy
 
 MASS_QUERIES = 16  # last queries whose layer-0 attention defines the heavy hitters
 

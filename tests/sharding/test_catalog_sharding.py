@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rcllm.catalog import build_cooccurrence, build_placement, estimate_tokens, hot_items
+from rcllm.sharding import build_cooccurrence, build_placement, estimate_tokens, hot_items
 from rcllm.errors import RcllmError
 
 
