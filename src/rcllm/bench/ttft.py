@@ -3,7 +3,9 @@
 Methods run interleaved per request (full, prefix, naive, ...) so that machine noise hits them
 alike; speedups are ratios of medians measured in this run. Item KV is built ahead for every
 candidate; history review KV is built ahead for all reviews except each user's newest
-`new_reviews` ones, which are misses computed on the spot (and cached afterwards).
+`new_reviews` ones, which are misses computed on the spot. Every method of a request sees the
+same misses: the methods run with the engine's miss caching off, and the request's misses are
+stored (when `reuse.cache_misses` is on) only after all its methods ran.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
     per: dict[str, list] = {v.label: [] for v in variants}
     records = []
     bar = tqdm(requests, desc="ranking", unit="req", disable=not progress)
+    store_misses = engine.cfg.reuse.cache_misses
     for req in bar:
         top1_full = None
         for v in variants:
-            r = engine.rank(req, v.method, prefix_insert=False, **v.overrides())
+            # misses are stored after the last method, so that no method hits a chunk an
+            # earlier method of the same request computed
+            r = engine.rank(req, v.method, prefix_insert=False, cache_misses=False,
+                            **v.overrides())
             if v.method == "full":
                 top1_full = r.ranking[0]
             s = r.stats
@@ -59,6 +65,9 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
                             "prefix_tokens": s["prefix_tokens"],
                             "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms,
                             "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"]})
+        if store_misses:  # what the engine's cache_misses does after an answer, off the clock
+            engine.build_history(req.history)
+            engine.build_items(req.candidates)
     p50 = {label: statistics.median(x[0] for x in vals) for label, vals in per.items()}
     full_p50 = p50.get("full")
     prefix_p50 = p50.get("prefix")

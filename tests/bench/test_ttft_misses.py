@@ -1,0 +1,35 @@
+"""`bench ttft`: every method of a request sees the same chunk misses (issue 18, item 1)."""
+
+import pytest
+
+from rcllm.bench.ttft import prepare_caches, run_ttft
+from rcllm.commands.common import default_variants
+from rcllm.config import RcllmConfig, load
+from rcllm.engine import REUSE_METHODS, Engine
+from rcllm.eval.datasets import load_dataset
+from rcllm.eval.protocol import build_cases
+
+
+@pytest.fixture(scope="module")
+def workload():
+    ds = load_dataset("", "synthetic", num_users=20, num_items=60, seed=3)
+    cases = build_cases(ds, history_window=6, num_negatives=7, seed=0, max_cases=3)
+    return ds, cases
+
+
+@pytest.mark.parametrize("cache_misses", [True, False])
+def test_every_method_pays_for_the_new_review(tiny_loaded, workload, cache_misses):
+    ds, cases = workload
+    eng = Engine(tiny_loaded, ds.items,
+                 load(RcllmConfig, None, [f"reuse.cache_misses={str(cache_misses).lower()}"]))
+    prepare_caches(eng, cases, new_reviews=1)
+    _, records = run_ttft(eng, cases, default_variants())
+    reuse = [r for r in records if r["method"] in REUSE_METHODS]
+    assert {r["method"] for r in reuse} == set(REUSE_METHODS)
+    for case in cases:
+        misses = [r["chunk_misses"] for r in reuse if r["user_id"] == case.user_id]
+        # the one review not built ahead is a miss for every method, not only the first
+        assert misses == [1] * len(misses), misses
+    # after the request, the review is stored exactly when the engine would have stored it
+    newest = eng.builder.history_chunk(cases[0].history[-1])
+    assert eng.store.contains(eng.chunk_key("history", newest)) == cache_misses
