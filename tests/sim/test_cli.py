@@ -47,3 +47,19 @@ def test_bench_and_profiles_commands(capsys):
     assert "simulator: 500 requests" in out and "affinity" in out
     assert main(["sim", "profiles"]) == 0
     assert "qwen-72b@a100" in capsys.readouterr().out
+
+
+def test_bench_sim_json_follows_the_reporting_contract(tmp_path, capsys):
+    path = tmp_path / "sim.json"
+    assert main(["bench", "sim", "--requests", "300", "--instances", "3",
+                 "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert set(report) == {"name", "config", "rows", "summary"}
+    assert report["name"] == "bench_sim"
+    assert report["config"]["requests"] == 300 and report["config"]["instances"] == 3
+    policies = {r["policy"] for r in report["rows"]}
+    assert policies == {"round-robin", "load-only", "hit-only", "affinity", "cost"}
+    s = report["summary"]
+    assert s["simulator_requests"] == 300 and s["simulator_wall_s"] > 0
+    assert s["max_decision_us"] == max(r["decision_us"] for r in report["rows"])
+    assert main(["bench", "sim", "--requests", "0"]) == 2

@@ -92,15 +92,37 @@ def _profiles(args) -> int:
     return 0
 
 
+ROUTING_INSTANCES, ROUTING_REPEATS = 100, 2000
+SIM_TARGET_S, ROUTING_TARGET_US = 30.0, 100.0
+
+
 def _bench(args) -> int:
+    from ..errors import RcllmError
     from .bench import bench_routing, bench_simulator
+    if args.requests < 1 or args.instances < 1:
+        raise RcllmError("--requests and --instances must be >= 1")
     sim = bench_simulator(args.requests, args.instances, args.seed)
     print(f"simulator: {sim['requests']} requests over {sim['instances']} instances in "
-          f"{sim['wall_s']:.2f} s ({sim['requests_per_s']:.0f} requests/s; target <= 30 s "
-          f"for 100k/40)")
-    route = bench_routing(100, 2000, args.seed)
-    print("routing decision at 100 instances, 20 candidates (target <= 100 us): "
-          + ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in route.items()))
+          f"{sim['wall_s']:.2f} s ({sim['requests_per_s']:.0f} requests/s; target <= "
+          f"{SIM_TARGET_S:g} s for 100k/40)")
+    route = bench_routing(ROUTING_INSTANCES, ROUTING_REPEATS, args.seed)
+    print(f"routing decision at {ROUTING_INSTANCES} instances, 20 candidates (target <= "
+          f"{ROUTING_TARGET_US:g} us): " + ", ".join(f"{k[:-3]} {v:.1f} us" for k, v in route.items()))
+    if args.json:
+        rows = [{"policy": k[:-3], "instances": ROUTING_INSTANCES, "candidates": 20,
+                 "decision_us": v} for k, v in route.items()]
+        summary = {"simulator_requests": sim["requests"],
+                   "simulator_instances": sim["instances"], "simulator_wall_s": sim["wall_s"],
+                   "simulator_requests_per_s": sim["requests_per_s"],
+                   "simulator_target_s": SIM_TARGET_S,
+                   "max_decision_us": max(route.values()),
+                   "decision_target_us": ROUTING_TARGET_US}
+        write_report(args.json, "bench_sim",
+                     {"requests": args.requests, "instances": args.instances, "seed": args.seed,
+                      "routing_instances": ROUTING_INSTANCES,
+                      "routing_repeats": ROUTING_REPEATS, "profile": "qwen3-8b@a100",
+                      "method": "rcllm", "policy": "affinity"}, rows, summary)
+        print(f"wrote {args.json}")
     return 0
 
 
@@ -108,6 +130,7 @@ def _add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=100_000)
     p.add_argument("--instances", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.set_defaults(func=_bench)
 
 
