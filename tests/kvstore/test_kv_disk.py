@@ -13,6 +13,7 @@ def test_put_get_survives_reopen(tmp_path, check):
     for key, kv in entries:
         store.put(key, kv)
     store.check_invariants()
+    store.close()                       # frees its slot: the next store takes it over
     reopened = DiskStore(tmp_path, check=check)
     reopened.check_invariants()
     assert len(reopened) == 5 and reopened.nbytes == store.nbytes
@@ -70,16 +71,22 @@ def test_mismatched_entries_are_never_served(tmp_path, check):
     store.check_invariants()
 
 
-def test_reopen_removes_temp_and_foreign_files(tmp_path, check):
+def test_reopen_removes_own_temp_files_and_keeps_foreign_ones(tmp_path, check):
     store = DiskStore(tmp_path, check=check)
     key, kv = make_entry(2)
     store.put(key, kv)
-    (store._path(key).parent / "x.tmp").write_bytes(b"half")
-    (store._path(key).parent / "junk.safetensors").write_bytes(b"garbage")
+    shard = store._path(key).parent
+    own_tmp = store._path(key).with_name(store._path(key).name + ".123.0.tmp")
+    own_tmp.write_bytes(b"half")                       # a crashed writer's leftover
+    (shard / "x.tmp").write_bytes(b"half")              # not a name the store writes
+    (shard / "junk.safetensors").write_bytes(b"garbage")
+    store.close()
     reopened = DiskStore(tmp_path, check=check)
     reopened.check_invariants()
     assert len(reopened) == 1 and same(reopened.get(key), kv)
-    assert not os.path.exists(store._path(key).parent / "x.tmp")
+    assert not own_tmp.exists()
+    assert (shard / "x.tmp").read_bytes() == b"half"
+    assert (shard / "junk.safetensors").read_bytes() == b"garbage"
 
 
 def test_int8_disk_tier_stores_less(tmp_path, check):

