@@ -135,6 +135,44 @@ def _fingerprint(folder: Path) -> str:
     return hashlib.sha256((base + _sha256_files(files)).encode()).hexdigest()[:32]
 
 
+REFERENCE_DTYPE = "float32"
+# manifest fields that change what an adapter computes (the merge reads `scale`; alpha and rank
+# define it) and so are part of the merged model's fingerprint
+ADAPTER_FIELDS = ("scale", "alpha", "rank", "targets", "first_layer")
+
+
+def _extend(fingerprint: str, what: str) -> str:
+    return hashlib.sha256(f"{fingerprint}|{what}".encode()).hexdigest()[:32]
+
+
+def model_fingerprint(weights_fingerprint: str, dtype: str) -> str:
+    """The fingerprint of these weights computed in `dtype`: KV made in bfloat16 differs from
+    float32 KV, so the dtype is part of every cache key. float32 (the reference dtype) keeps
+    the weights' own fingerprint, so keys, adapters and libraries made before the dtype was
+    folded in stay valid."""
+    if dtype == REFERENCE_DTYPE:
+        return weights_fingerprint
+    return _extend(weights_fingerprint, f"dtype={dtype}")
+
+
+def _merge_adapter(state: dict[str, torch.Tensor], path: str, weights_fingerprint: str,
+                   dtype: str) -> str:
+    """Merges the adapter into `state`; returns the merged model's fingerprint, which covers
+    the adapter's weights (their checksum), its scale/alpha/rank/targets, and `dtype`.
+
+    The adapter may have been trained in any dtype: its recorded base fingerprint is accepted
+    when it is these weights' fingerprint in one of the DTYPES."""
+    from ..finetune.adapter import apply_adapter, read_manifest
+
+    manifest = read_manifest(path)
+    bases = {model_fingerprint(weights_fingerprint, d) for d in DTYPES}
+    recorded = manifest.get("base_fingerprint")
+    base = recorded if recorded in bases else weights_fingerprint   # else refused below
+    merged = apply_adapter(state, path, base)
+    shape = json.dumps({f: manifest.get(f) for f in ADAPTER_FIELDS}, sort_keys=True)
+    return _extend(merged, f"adapter={shape}|dtype={dtype}")
+
+
 def build_transformer(arch: ModelArch, state: dict[str, torch.Tensor], dtype: torch.dtype,
                       device: str) -> Transformer:
     def get(name: str) -> torch.Tensor:
@@ -180,11 +218,9 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     state: dict[str, torch.Tensor] = {}
     for f in sorted(folder.glob("*.safetensors")):
         state.update(load_file(str(f)))
-    fingerprint = _fingerprint(folder)
+    fingerprint = model_fingerprint(_fingerprint(folder), cfg.dtype)
     if cfg.adapter:  # LoRA merged into the weights; the fingerprint then covers the adapter
-        from ..finetune.adapter import apply_adapter
-
-        fingerprint = apply_adapter(state, cfg.adapter, fingerprint)
+        fingerprint = _merge_adapter(state, cfg.adapter, _fingerprint(folder), cfg.dtype)
     model = build_transformer(arch, state, DTYPES[cfg.dtype], cfg.device)
     from transformers import AutoTokenizer
 
