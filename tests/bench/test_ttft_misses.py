@@ -33,3 +33,19 @@ def test_every_method_pays_for_the_new_review(tiny_loaded, workload, cache_misse
     # after the request, the review is stored exactly when the engine would have stored it
     newest = eng.builder.history_chunk(cases[0].history[-1])
     assert eng.store.contains(eng.chunk_key("history", newest)) == cache_misses
+
+
+def test_bench_ttft_on_retrieved_candidates(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    from rcllm.cli import main
+
+    path = tmp_path / "ttft.json"
+    assert main(["bench", "ttft", "--set", f"model.path={tiny_model_dir}", "--set",
+                 "model.threads=0", "--requests", "3", "--candidates", "4",
+                 "--candidate-source", "retrieval", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["config"]["candidate_source"] == "retrieval"
+    recall = report["summary"]["retrieval_recall"]
+    assert recall is not None and 0.0 <= recall <= 1.0
+    assert "retrieved candidates" in capsys.readouterr().out

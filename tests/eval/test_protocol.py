@@ -4,7 +4,8 @@ import pytest
 
 from rcllm.errors import RcllmError
 from rcllm.eval.datasets.synthetic import generate
-from rcllm.eval.protocol import EvalCase, build_cases, split_users
+from rcllm.eval.protocol import (EvalCase, ItemKnnRetriever, build_cases, retrieval_recall,
+                                 split_users)
 from rcllm.records import Dataset, HistoryEntry, Item, ItemId, UserId
 
 
@@ -94,3 +95,58 @@ def test_evalcase_is_frozen(ds):
     assert isinstance(case, EvalCase)
     with pytest.raises(AttributeError):
         case.target = ItemId("x")  # type: ignore[misc]
+
+
+def _cooccur() -> Dataset:
+    """Users a1..a3 chose x then y; users b1..b3 chose p then q; u chose x, then its target y."""
+    items = {ItemId(k): Item(ItemId(k), k) for k in ("x", "y", "p", "q", "z1", "z2", "z3")}
+    e = lambda item, t: HistoryEntry(ItemId(item), 5, "", t)  # noqa: E731
+    users = {UserId(f"a{k}"): [e("x", 1), e("y", 2), e("z1", 3)] for k in range(3)}
+    users.update({UserId(f"b{k}"): [e("p", 1), e("q", 2), e("z2", 3)] for k in range(3)})
+    users[UserId("u")] = [e("x", 1), e("y", 2)]
+    users[UserId("v")] = [e("p", 1), e("z3", 2)]
+    return Dataset("cooc", items, users)
+
+
+def test_retrieval_candidates_come_from_cooccurrence():
+    ds = _cooccur()
+    cases = {c.user_id: c for c in build_cases(ds, num_negatives=1,
+                                               candidate_source="retrieval")}
+    # u's past is x; y co-occurs with x in a0..a2's pasts: retrieved at rank 1
+    u = cases["u"]
+    assert u.target == "y" and u.target_retrieved is True
+    assert len(u.candidates) == 2 and "x" not in u.candidates and "y" in u.candidates
+    # v's past is p -> q is retrieved, the target z3 never co-occurs: a retriever miss, kept
+    v = cases["v"]
+    assert v.target == "z3" and v.target_retrieved is False
+    assert set(v.candidates) == {"z3", "q"}
+    assert retrieval_recall(list(cases.values())) == pytest.approx(
+        sum(c.target_retrieved for c in cases.values()) / len(cases))
+    # popularity candidates carry no retrieval flag
+    assert all(c.target_retrieved is None for c in build_cases(ds, num_negatives=1))
+    assert retrieval_recall(build_cases(ds, num_negatives=1)) is None
+
+
+def test_retriever_never_counts_a_target():
+    ds = _cooccur()
+    r = ItemKnnRetriever(ds)
+    # z1 is only ever a last entry (a target): no co-occurrence, no popularity
+    assert r.scores(["x"])[r.index["z1"]] == 0.0 and r.popularity[r.index["z1"]] == 0
+    # pasts holding x: a0..a2, u (4); holding y: a0..a2 (3); both: 3 -> cosine 3 / sqrt(12)
+    assert r.scores(["x"])[r.index["y"]] == pytest.approx(3 / 12 ** 0.5)
+    only_b = ItemKnnRetriever(ds, [UserId("b0")])
+    assert only_b.scores(["x"]).max() == 0.0 and only_b.scores(["p"])[only_b.index["q"]] > 0
+    with pytest.raises(RcllmError):
+        ItemKnnRetriever(ds, [UserId("nobody")])
+
+
+def test_retrieval_cases_well_formed_and_bad_source(ds):
+    cases = build_cases(ds, num_negatives=19, candidate_source="retrieval")
+    assert len(cases) == len(ds.users)
+    for case in cases:
+        hist = ds.users[case.user_id]
+        assert len(set(case.candidates)) == 20 and case.candidates.count(case.target) == 1
+        assert not {h.item_id for h in hist[:-1]} & (set(case.candidates) - {case.target})
+    assert 0.0 < retrieval_recall(cases) < 1.0
+    with pytest.raises(RcllmError, match="candidate source"):
+        build_cases(ds, candidate_source="bm25")

@@ -35,3 +35,17 @@ def test_catalog_imports_no_torch():
     code = ("import sys, rcllm.sharding, rcllm.sharding.cli, rcllm.sharding.trace;"
             "assert 'torch' not in sys.modules, 'catalog imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_shard_on_retrieved_candidates(tmp_path):
+    bench = tmp_path / "bench.json"
+    assert main(["bench", "shard", "--data", "-", "--format", "synthetic", "--ks", "4",
+                 "--candidate-source", "retrieval", "--json", str(bench)]) == 0
+    report = json.loads(bench.read_text())
+    assert report["config"]["candidate_source"] == "retrieval"
+    s = report["summary"]
+    assert s["candidate_source"] == "retrieval" and 0.0 < s["retrieval_recall"] <= 1.0
+    popularity = tmp_path / "pop.json"
+    assert main(["bench", "shard", "--data", "-", "--format", "synthetic", "--ks", "4",
+                 "--json", str(popularity)]) == 0
+    assert json.loads(popularity.read_text())["summary"]["retrieval_recall"] is None

@@ -63,3 +63,15 @@ def test_bench_sim_json_follows_the_reporting_contract(tmp_path, capsys):
     assert s["simulator_requests"] == 300 and s["simulator_wall_s"] > 0
     assert s["max_decision_us"] == max(r["decision_us"] for r in report["rows"])
     assert main(["bench", "sim", "--requests", "0"]) == 2
+
+
+def test_sim_run_on_retrieved_candidates(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(["sim", "run", "cdf", "--requests", "300", "--data", "-", "--format",
+                 "synthetic", "--candidate-source", "retrieval", "--out", str(out)]) == 0
+    report = json.loads((out / "sim_cdf.json").read_text())
+    assert report["config"]["candidate_source"] == "retrieval"
+    assert 0.0 < report["summary"]["retrieval_recall"] <= 1.0
+    assert main(["sim", "run", "cdf", "--requests", "300", "--candidate-source", "retrieval",
+                 "--out", str(out)]) == 2
+    assert "real trace" in capsys.readouterr().err

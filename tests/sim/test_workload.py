@@ -62,6 +62,19 @@ def test_trace_workload_from_eval_protocol():
     assert w.candidates.shape == (300, 20) and w.candidates.max() < w.num_items
     assert w.community is None and len(w.placement_requests) <= 40
     assert np.all(w.history_tokens > 0)
+    assert w.retrieval_recall is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rcllm.eval") is None, reason="no rcllm.eval")
+def test_trace_workload_with_retrieved_candidates():
+    from rcllm.sim.traces import trace_workload
+    opts = dict(num_requests=300, num_users=40, num_items=100)
+    pop = trace_workload("", "synthetic", **opts)
+    ret = trace_workload("", "synthetic", candidate_source="retrieval", **opts)
+    assert ret.name.endswith(":retrieval") and 0.0 < ret.retrieval_recall <= 1.0
+    assert ret.candidates.shape == (300, 20)
+    # the shortlists differ from the popularity-sampled lists
+    assert not np.array_equal(np.sort(ret.placement_requests, 1), np.sort(pop.placement_requests, 1))
 
 
 def test_poisson_arrivals_rate():

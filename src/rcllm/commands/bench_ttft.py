@@ -6,8 +6,8 @@ import logging
 import time
 
 from ..report import markdown_table, write_report
-from .common import (add_data_options, add_engine_options, default_variants, engine_config,
-                     load_workload, make_engine)
+from .common import (add_candidate_source_option, add_data_options, add_engine_options,
+                     default_variants, engine_config, load_workload, make_engine)
 
 log = logging.getLogger(__name__)
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p90_ms", "speedup_vs_full", "speedup_vs_prefix",
@@ -20,6 +20,7 @@ def register(top, bench) -> None:
                          formatter_class=__import__("argparse").RawTextHelpFormatter)
     add_engine_options(p)
     add_data_options(p, requests=12)
+    add_candidate_source_option(p)
     p.add_argument("--new-reviews", type=int, default=0,
                    help="newest reviews per user NOT built ahead (misses computed on the spot)")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
@@ -29,6 +30,7 @@ def register(top, bench) -> None:
                        formatter_class=__import__("argparse").RawTextHelpFormatter)
     add_engine_options(d)
     add_data_options(d, requests=6)
+    add_candidate_source_option(d)
     d.add_argument("--new-reviews", type=int, default=1,
                    help="newest reviews per user not built ahead (default 1)")
     d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
@@ -37,6 +39,7 @@ def register(top, bench) -> None:
 
 def _run(args, name: str) -> int:
     from ..bench.ttft import prepare_caches, run_ttft
+    from ..eval.protocol import retrieval_recall
 
     t0 = time.perf_counter()
     cfg = engine_config(args)
@@ -50,7 +53,8 @@ def _run(args, name: str) -> int:
     rows, records = run_ttft(engine, cases, variants, progress=True)
     tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
     summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
-               "wall_s": time.perf_counter() - t0}
+               "candidate_source": args.candidate_source,
+               "retrieval_recall": retrieval_recall(cases), "wall_s": time.perf_counter() - t0}
     for row in rows:
         if row["method"] == "rcllm":
             tag = f"{row['item_ratio']:g}_{row['history_ratio']:g}"
@@ -62,10 +66,13 @@ def _run(args, name: str) -> int:
           f"{caches['items_built_ahead']}, history chunks built ahead "
           f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "
           f"computed on the spot; {summary['wall_s']:.0f} s")
+    if summary["retrieval_recall"] is not None:
+        print(f"retrieved candidates: the retriever shortlisted the target in "
+              f"{summary['retrieval_recall']:.1%} of these requests (kept in the others)")
     if args.json:
         config = {"engine": cfg, "data": args.data or "synthetic", "format": args.format,
                   "requests": args.requests, "candidates": args.candidates, "seed": args.seed,
-                  "new_reviews": args.new_reviews}
+                  "new_reviews": args.new_reviews, "candidate_source": args.candidate_source}
         write_report(args.json, name, config, rows, {**summary, "requests": records})
         print(f"wrote {args.json}")
     return 0

@@ -39,6 +39,13 @@ def add_data_options(p: argparse.ArgumentParser, requests: int) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of sampling (default 0)")
 
 
+def add_candidate_source_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--candidate-source", choices=("popularity", "retrieval"), default="popularity",
+                   help="candidates: the target + popularity-sampled negatives (default) or the "
+                        "item-kNN retriever's shortlist with the target kept (see "
+                        "rcllm.eval.protocol; the retriever's recall is reported)")
+
+
 def engine_config(args) -> RcllmConfig:
     return load(RcllmConfig, args.config, args.overrides)
 
@@ -69,7 +76,8 @@ def load_workload(args, users=None):
     ds = load_data(args)
     keep = set(users(ds)) if users else None
     cases = build_cases(ds, history_window=10, num_negatives=args.candidates - 1, seed=args.seed,
-                        max_cases=None if keep is not None else args.requests)
+                        max_cases=None if keep is not None else args.requests,
+                        candidate_source=getattr(args, "candidate_source", "popularity"))
     if keep is not None:
         cases = [c for c in cases if c.user_id in keep][: args.requests]
     if not cases:

@@ -8,6 +8,17 @@ count in the whole dataset, never an item the user interacted with (anywhere in 
 if too few items with a nonzero count remain, zero-count catalogue items fill up uniformly.
 Candidate order is a seeded shuffle.
 
+**Retrieval candidates** (`candidate_source="retrieval"`): instead of popularity-sampled
+negatives, the candidates are what a first-stage retriever shortlists, as in a real two-stage
+LLM recommender (LlamaRec; RcLLM's retrieval stage): item-kNN over co-occurrences,
+score(c) = Σ over the user's past items h of cos(h, c), cos = co(h, c) / sqrt(n_h n_c), where
+co counts the retrieval users who interacted with both (each user's past h_1..h_{n-1}; no
+leave-last-out target is ever counted). The shortlist is the top `num_negatives + 1` items
+outside the user's own interactions (ties by popularity, then item id); when the target is not
+among them (a retriever miss) it replaces the last one, so the ranking metrics stay defined,
+and `EvalCase.target_retrieved` records whether the retriever found it: the mean over cases is
+the retriever's recall@(num_negatives + 1) (`retrieval_recall`).
+
 Determinism: each user's randomness comes from a generator seeded with (seed, a stable hash
 of the user id), so a user's case does not depend on which other users are evaluated or on
 `max_cases`. Users are visited in a seeded order so that `max_cases` takes a random subset.
@@ -37,6 +48,9 @@ class EvalCase:
     history: tuple[HistoryEntry, ...]
     candidates: tuple[ItemId, ...]
     target: ItemId
+    # retrieval candidates: whether the retriever's shortlist held the target on its own
+    # (None for popularity-sampled candidates)
+    target_retrieved: bool | None = None
 
     @property
     def target_index(self) -> int:
@@ -104,20 +118,88 @@ class _PopularitySampler:
         return picked
 
 
+class ItemKnnRetriever:
+    """First-stage retriever: item-kNN over the co-occurrences of `users`' past interactions.
+
+    `users`: whose interactions build the co-occurrence counts (default every user); only each
+    user's h_1..h_{n-1} counts, so no leave-last-out target is ever seen. numpy/scipy only.
+    """
+
+    def __init__(self, ds: Dataset, users: Sequence[UserId] | None = None) -> None:
+        from scipy import sparse
+
+        self.ids: list[ItemId] = sorted(ds.items)
+        self.index = {item: k for k, item in enumerate(self.ids)}
+        rows, cols = [], []
+        for r, user in enumerate(sorted(ds.users) if users is None else list(users)):
+            if user not in ds.users:
+                raise RcllmError(f"retrieval user {user!r} is not in the dataset")
+            past = {self.index[e.item_id] for e in ds.users[user][:-1] if e.item_id in self.index}
+            rows += [r] * len(past)
+            cols += sorted(past)
+        n = len(self.ids)
+        x = sparse.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(max(rows, default=-1) + 1, n))
+        co = (x.T @ x).tocsr()
+        self.popularity = np.asarray(co.diagonal(), dtype=float)
+        co.setdiag(0)
+        co.eliminate_zeros()
+        inv = np.zeros(n)
+        inv[self.popularity > 0] = 1.0 / np.sqrt(self.popularity[self.popularity > 0])
+        self.similarity = sparse.diags(inv) @ co @ sparse.diags(inv)  # cosine, zero diagonal
+        self.similarity = self.similarity.tocsr()
+
+    def scores(self, items: Sequence[ItemId]) -> np.ndarray:
+        """Item-kNN score of every catalogue item (index order of `self.ids`) for a history."""
+        idx = sorted({self.index[i] for i in items if i in self.index})
+        if not idx:
+            return np.zeros(len(self.ids))
+        return np.asarray(self.similarity[idx].sum(axis=0)).ravel()
+
+    def shortlist(self, history: Sequence[ItemId], n: int, exclude: set[ItemId]) -> list[ItemId]:
+        """The top `n` items by score outside `exclude` (ties: popularity, then item id)."""
+        score = self.scores(history)
+        order = np.lexsort((np.arange(len(self.ids)), -self.popularity, -score))
+        banned = {self.index[i] for i in exclude if i in self.index}
+        out = []
+        for k in order.tolist():
+            if k not in banned:
+                out.append(self.ids[k])
+                if len(out) == n:
+                    break
+        return out
+
+
+def retrieval_recall(cases: Sequence[EvalCase]) -> float | None:
+    """Share of retrieval cases whose target the retriever shortlisted (None: no such case)."""
+    found = [c.target_retrieved for c in cases if c.target_retrieved is not None]
+    return float(np.mean(found)) if found else None
+
+
+CANDIDATE_SOURCES = ("popularity", "retrieval")
+
+
 def build_cases(ds: Dataset, history_window: int = 10, num_negatives: int = 19, seed: int = 0,
                 max_cases: int | None = None, min_history: int = 1,
-                skipped: dict[str, int] | None = None) -> list[EvalCase]:
+                skipped: dict[str, int] | None = None, candidate_source: str = "popularity",
+                retriever: ItemKnnRetriever | None = None) -> list[EvalCase]:
     """Builds one leave-last-out EvalCase per eligible user (see the module docstring).
 
     A user is skipped when fewer than `min_history` entries precede the target
     ("short_history") or the catalogue lacks `num_negatives` items outside their history
     ("too_few_negatives"); if `skipped` is given, those counts are added to it.
+    `candidate_source`: "popularity" (sampled negatives) or "retrieval" (the shortlist of
+    `retriever`, by default an ItemKnnRetriever over every user's past).
     Returns at most `max_cases` cases. Raises RcllmError on invalid arguments.
     """
     if history_window < 1 or num_negatives < 0 or min_history < 1:
         raise RcllmError("need history_window >= 1, num_negatives >= 0, min_history >= 1")
     if max_cases is not None and max_cases < 0:
         raise RcllmError("max_cases must be >= 0")
+    if candidate_source not in CANDIDATE_SOURCES:
+        raise RcllmError(f"unknown candidate source {candidate_source!r}; use "
+                         f"{' or '.join(CANDIDATE_SOURCES)}")
+    if candidate_source == "retrieval" and retriever is None:
+        retriever = ItemKnnRetriever(ds)
     sampler = _PopularitySampler(ds)
     users = sorted(ds.users)
     order = np.random.default_rng(seed).permutation(len(users))
@@ -133,13 +215,24 @@ def build_cases(ds: Dataset, history_window: int = 10, num_negatives: int = 19, 
             continue
         target = hist[-1].item_id
         rng = user_rng(seed, user)
-        negatives = sampler.sample(rng, num_negatives, {h.item_id for h in hist})
+        seen = {h.item_id for h in hist}
+        retrieved = None
+        if candidate_source == "retrieval":
+            past = {h.item_id for h in hist[:-1]}
+            short = retriever.shortlist(sorted(past), num_negatives + 1, past - {target})
+            retrieved = target in short
+            negatives = [c for c in short if c != target][:num_negatives]
+            if len(negatives) < num_negatives:
+                negatives = None
+        else:
+            negatives = sampler.sample(rng, num_negatives, seen)
         if negatives is None:
             counts["too_few_negatives"] = counts.get("too_few_negatives", 0) + 1
             continue
         candidates = [target, *negatives]
         shuffled = tuple(candidates[i] for i in rng.permutation(len(candidates)).tolist())
-        cases.append(EvalCase(user, tuple(hist[:-1][-history_window:]), shuffled, target))
+        cases.append(EvalCase(user, tuple(hist[:-1][-history_window:]), shuffled, target,
+                              retrieved))
     return cases
 
 

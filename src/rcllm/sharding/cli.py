@@ -36,6 +36,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bytes-per-token", type=int, default=SMOLLM2_FP32_BYTES_PER_TOKEN,
                    help="KV bytes per token (default: SmolLM2-135M fp32, 46080)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--candidate-source", choices=("popularity", "retrieval"), default="popularity",
+                   help="request candidates: popularity-sampled negatives (default) or the "
+                        "item-kNN retriever's shortlist (rcllm.eval.protocol)")
     p.add_argument("--json", help="write the report here (reporting contract)")
 
 
@@ -46,10 +49,15 @@ def _trace(args: argparse.Namespace) -> Trace:
     ds = load_dataset(args.data, args.format, **options)
     if not 0.0 < args.holdout < 1.0:
         raise RcllmError("--holdout must be in (0, 1)")
-    trace = build_trace(ds, args.holdout, args.seed)
+    trace = build_trace(ds, args.holdout, args.seed, candidate_source=args.candidate_source)
     if not trace.train or not trace.heldout["candidates"]:
         raise RcllmError(f"{args.data}: too few users for a train/held-out split")
     return trace
+
+
+def _retrieval_summary(trace: Trace) -> dict:
+    return {"candidate_source": trace.candidate_source,
+            "retrieval_recall": trace.retrieval_recall}
 
 
 def run_shard(args: argparse.Namespace) -> int:
@@ -59,7 +67,8 @@ def run_shard(args: argparse.Namespace) -> int:
     rows = shard_rows(p, args.bytes_per_token)
     summary = {"items": len(trace.token_counts), "hot_items": len(p.hot),
                "train_requests": len(trace.train),
-               "heldout_requests": len(trace.heldout["candidates"]), **hit_rates(p, trace)}
+               "heldout_requests": len(trace.heldout["candidates"]), **hit_rates(p, trace),
+               **_retrieval_summary(trace)}
     print(markdown_table(rows, ["instance", "shard_items", "shard_tokens", "items", "tokens",
                                 "bytes"]))
     print(markdown_table([summary], list(summary)))
@@ -81,7 +90,7 @@ def run_bench(args: argparse.Namespace) -> int:
     trace = _trace(args)
     rows = sweep(trace, args.ks, list(METHODS), args.hot_fraction, args.seed,
                  args.bytes_per_token)
-    summary: dict[str, float] = {}
+    summary: dict = _retrieval_summary(trace)
     for k in args.ks:
         by = {r["method"]: r for r in rows if r["instances"] == k}
         for view in ("candidates", "history"):

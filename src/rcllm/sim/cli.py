@@ -33,7 +33,12 @@ def _workload(args):
     from .workload import SyntheticSpec, synthetic_workload
     if args.data or args.format:
         return trace_workload(args.data or "", args.format or "amazon2018",
-                              num_requests=args.requests, seed=args.seed)
+                              num_requests=args.requests, seed=args.seed,
+                              candidate_source=args.candidate_source)
+    if args.candidate_source != "popularity":
+        from ..errors import RcllmError
+        raise RcllmError("--candidate-source retrieval needs a real trace (--data/--format); "
+                         "synthetic requests draw candidates from their community")
     return synthetic_workload(SyntheticSpec(num_items=args.items, num_requests=args.requests,
                                             seed=args.seed))
 
@@ -51,8 +56,10 @@ def _run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     for name in EXPERIMENTS if args.experiment == "all" else (args.experiment,):
         rows, series = funcs[name](wl, sc)
-        config = {**dataclasses.asdict(sc), "workload": wl.name, "requests": wl.num_requests}
-        summary = {"series": {k: {"x": v[0], "y": v[1]} for k, v in series.items()}}
+        config = {**dataclasses.asdict(sc), "workload": wl.name, "requests": wl.num_requests,
+                  "candidate_source": args.candidate_source}
+        summary = {"series": {k: {"x": v[0], "y": v[1]} for k, v in series.items()},
+                   "retrieval_recall": wl.retrieval_recall}
         base = os.path.join(args.out, f"sim_{name}")
         write_report(base + ".json", f"sim.{name}", config, rows, summary)
         plot(name, series, base + ".png", f"{wl.name}, {sc.profile}, {placement}")
@@ -154,6 +161,10 @@ def register(top, bench) -> None:
     run.add_argument("--history-ratio", type=float, default=0.3)
     run.add_argument("--data", default="", help="real trace path (with --format)")
     run.add_argument("--format", default="", help="dataset format, e.g. amazon2018")
+    run.add_argument("--candidate-source", choices=("popularity", "retrieval"),
+                     default="popularity",
+                     help="real traces: popularity-sampled negatives (default) or the item-kNN "
+                          "retriever's shortlist")
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_run)
     val = sub.add_parser("validate", help="cost-model error against `rcllm bench ttft --json`")

@@ -6,7 +6,11 @@ negatives) and turns them into a `Workload`: item tokens from the item text (the
 tokenizer-free estimate, cut at `max_item_tokens`), history tokens from the reviews (cut at
 `max_review_tokens`). A trace has far fewer users than a simulation needs requests, so cases are
 replayed: request i is a seeded uniform draw among the cases. The placement trace is every
-case once (candidates + history items), what a deployment would partition offline.
+case once (its candidates), what a deployment would partition offline.
+
+`candidate_source="retrieval"`: each case's candidates are the item-kNN retriever's shortlist
+(rcllm.eval.protocol; every user's past interactions, no target counted) instead of
+popularity-sampled negatives; `Workload.retrieval_recall` is the retriever's recall.
 """
 
 from __future__ import annotations
@@ -25,15 +29,16 @@ def _tokens(text: str, cap: int) -> int:
 def trace_workload(path: str, fmt: str, num_requests: int = 20_000, seed: int = 0,
                    max_item_tokens: int = 96, max_review_tokens: int = 96,
                    prefix_tokens: int = 200, fresh_tokens: int = 60,
-                   **dataset_options) -> Workload:
+                   candidate_source: str = "popularity", **dataset_options) -> Workload:
     """A replayed trace workload; RcllmError when the eval package or the data is missing."""
     try:
         from rcllm.eval.datasets import load_dataset
-        from rcllm.eval.protocol import build_cases
+        from rcllm.eval.protocol import build_cases, retrieval_recall
     except ModuleNotFoundError as exc:
         raise RcllmError(f"real traces need rcllm.eval ({exc.name} is missing)") from None
     ds = load_dataset(path, fmt, **dataset_options)
-    cases = build_cases(ds, history_window=10, num_negatives=19, seed=seed)
+    cases = build_cases(ds, history_window=10, num_negatives=19, seed=seed,
+                        candidate_source=candidate_source)
     if not cases:
         raise RcllmError(f"{path}: no evaluation cases could be built")
     ids = sorted(ds.items)
@@ -47,7 +52,9 @@ def trace_workload(path: str, fmt: str, num_requests: int = 20_000, seed: int = 
                             for c in cases], dtype=np.int64)
     reviews = np.array([len(c.history) for c in cases], dtype=np.int64)
     pick = np.random.default_rng(seed).integers(0, len(cases), size=num_requests)
-    return Workload(name=f"{fmt}:{ds.name}", item_tokens=item_tokens, candidates=cands[pick],
+    name = f"{fmt}:{ds.name}" + (":retrieval" if candidate_source == "retrieval" else "")
+    return Workload(name=name, item_tokens=item_tokens, candidates=cands[pick],
                     history_reviews=reviews[pick], history_tokens=hist_tokens[pick],
                     prefix_tokens=prefix_tokens, fresh_tokens=fresh_tokens,
-                    placement_requests=cands, community=None)
+                    placement_requests=cands, community=None,
+                    retrieval_recall=retrieval_recall(cases))

@@ -25,6 +25,8 @@ class Workload:
     history_reviews[i] / history_tokens[i]: reviews and their tokens in request i's prompt.
     `placement_requests`: an earlier trace (same distribution) the item placement is built from.
     `community[j]`: the generator's community of item j, or None for real traces.
+    `retrieval_recall`: for a real trace with retrieved candidates, the retriever's recall
+    (share of cases whose target it shortlisted); None otherwise.
     """
 
     name: str
@@ -36,6 +38,7 @@ class Workload:
     fresh_tokens: int              # request-specific bits + question
     placement_requests: np.ndarray  # [m, C] int
     community: np.ndarray | None = None
+    retrieval_recall: float | None = None
 
     @property
     def num_items(self) -> int:
