@@ -8,7 +8,7 @@ import time
 
 from ..errors import RcllmError
 from ..records import Dataset, Item, ItemId
-from .common import add_data_options, add_engine_options, engine_config, load_data, make_engine
+from .common import add_data_options, add_engine_options, engine_config, load_data
 
 
 def register(top, bench) -> None:
@@ -53,21 +53,24 @@ def run(args) -> int:
         ds = Dataset("catalog", read_catalog(args.catalog), {})
     else:
         ds = load_data(args)
-    engine = make_engine(args, ds, cfg=cfg)
-    t = time.perf_counter()
-    built = engine.build_items(ds.items, progress=True)
-    secs = time.perf_counter() - t
-    print(f"items: {built} built, {len(ds.items) - built} already cached, "
-          f"{built / max(secs, 1e-9):.1f} items/s")
-    if args.history:
-        entries = [e for hist in ds.users.values() for e in hist]
+    from ..kvstore.wiring import close_store
+    from .engine_setup import make_stored_engine
+
+    engine = make_stored_engine(cfg, ds.items, kv_dir=args.kv_dir)
+    try:
         t = time.perf_counter()
-        hb = engine.build_history(entries, progress=True)
+        built = engine.build_items(ds.items, progress=True)
         secs = time.perf_counter() - t
-        print(f"reviews: {hb} built, {len(entries) - hb} already cached or duplicate, "
-              f"{hb / max(secs, 1e-9):.1f} reviews/s")
-    close = getattr(engine.store, "close", None)
-    if close:
-        close()  # drains write-behind to disk
+        print(f"items: {built} built, {len(ds.items) - built} already cached, "
+              f"{built / max(secs, 1e-9):.1f} items/s")
+        if args.history:
+            entries = [e for hist in ds.users.values() for e in hist]
+            t = time.perf_counter()
+            hb = engine.build_history(entries, progress=True)
+            secs = time.perf_counter() - t
+            print(f"reviews: {hb} built, {len(entries) - hb} already cached or duplicate, "
+                  f"{hb / max(secs, 1e-9):.1f} reviews/s")
+    finally:
+        close_store(engine.store)  # drains write-behind to disk
     print(f"stored in {args.kv_dir}")
     return 0

@@ -12,7 +12,7 @@ import json
 from ..errors import RcllmError
 from ..prompt.builder import RankRequest
 from ..records import HistoryEntry, ItemId
-from .common import add_data_options, add_engine_options, engine_config, load_data, make_engine
+from .common import add_data_options, add_engine_options, engine_config, load_data
 
 OVERRIDES = ("item_ratio", "history_ratio")
 
@@ -21,12 +21,22 @@ def register(top, bench) -> None:
     p = top.add_parser("rank", help="rank one request (JSON) and print the ranking",
                        formatter_class=argparse.RawTextHelpFormatter)
     add_engine_options(p)
+    for action in p._actions:      # rank keeps a persistent store by default (see run)
+        if action.dest == "kv_dir":
+            action.help = ("persistent chunk KV store (default: the `kv` folder in the cache "
+                           "folder, $RCLLM_CACHE/kv or ~/.cache/rcllm/kv, or model.cache_dir/kv;\n"
+                           "a later `rank` reuses the item and review KV an earlier one built;\n"
+                           "clear it with `rm -r` of that folder, which holds nothing else)")
+    p.add_argument("--no-kv-dir", action="store_true",
+                   help="keep chunk KV in process memory only (every run starts cold)")
     add_data_options(p, requests=1)
     p.add_argument("--request", required=True, metavar="FILE", help="request JSON (see docs)")
     p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
-                   default="verbalizer",
                    help="verbalizer (listwise labels), likelihood (titles) or pointwise (yes/no "
-                        "log-odds per candidate)")
+                        "log-odds per candidate); default: the adapter's, else verbalizer")
+    p.add_argument("--adapter", metavar="PATH",
+                   help="LoRA adapter from `rcllm finetune`: sets model.adapter and adopts its "
+                        "prompt settings, scorer and default method")
     p.set_defaults(func=run)
 
 
@@ -55,15 +65,39 @@ def parse_request(path: str) -> tuple[RankRequest, str | None, dict]:
     return req, raw.get("method"), overrides
 
 
+def kv_dir_of(args, cfg) -> str | None:
+    """--kv-dir, else the cache folder's `kv` (None with --no-kv-dir)."""
+    if getattr(args, "no_kv_dir", False):
+        if args.kv_dir:
+            raise RcllmError("--kv-dir and --no-kv-dir contradict each other")
+        return None
+    from ..kvstore.wiring import default_kv_dir
+    from ..model.loading import cache_root
+
+    return args.kv_dir or str(default_kv_dir(cache_root(cfg.model)))
+
+
 def run(args) -> int:
+    from ..kvstore.wiring import close_store, tiers
+    from .engine_setup import adopt_adapter, make_stored_engine
+
     req, method, overrides = parse_request(args.request)
-    cfg = engine_config(args)
+    adopted = adopt_adapter(engine_config(args), args.adapter, args.scorer)
     ds = load_data(args)
-    engine = make_engine(args, ds, scorer=args.scorer, cfg=cfg)
-    res = engine.rank(req, method, **overrides)
+    kv_dir = kv_dir_of(args, adopted.cfg)
+    engine = make_stored_engine(adopted.cfg, ds.items, adopted.scorer, kv_dir)
+    try:
+        res = engine.rank(req, method, **overrides)
+    finally:
+        close_store(engine.store)      # writes this run's new chunks to disk before exiting
     print(f"method {res.method}: TTFT {res.ttft_ms:.0f} ms, {res.stats['tokens']} tokens, "
           f"{res.stats['recomputed_fraction']:.0%} recomputed, chunk hits "
           f"{res.stats['chunk_hits']}, misses {res.stats['chunk_misses']}")
+    if kv_dir:
+        disk = [t for t in tiers(engine.store) if hasattr(t, "slot")]
+        corrupt = sum(t.corrupt for t in disk)
+        print(f"chunk store {kv_dir}" + (f" ({corrupt} corrupt entries dropped and recomputed)"
+                                         if corrupt else ""))
     for pos, item_id in enumerate(res.ranking, 1):
         print(f"{pos:2d}. {item_id}  {res.scores[item_id]:+.3f}  {ds.items[item_id].title[:70]}")
     return 0

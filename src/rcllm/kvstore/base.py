@@ -115,6 +115,9 @@ class MemoryLRUStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __bool__(self) -> bool:  # a store is a store even when empty (`store or default`)
+        return True
+
     def check_invariants(self) -> None:
         with self._lock:
             total = sum(e.nbytes for e in self._entries.values())

@@ -42,11 +42,18 @@ class InvalidEntry(Exception):
 class KeyCheck:
     """Knows the model fingerprint, so it can tell whether `key` is chunk_key(fp, kind, ids).
 
-    kinds: the chunk kinds the engine uses; a put whose key matches none is refused by tiers
-    holding a KeyCheck (it could never be validated on read)."""
+    kinds: the exact kind strings keys are made with; a put whose key matches none is refused
+    by tiers holding a KeyCheck (it could never be validated on read). The engine keys chunks
+    under tags `<kind>@<context>` (e.g. `item@3f2a…`): `kvstore.wiring.engine_key_check`
+    lists them for an engine."""
 
     fingerprint: str
     kinds: Sequence[str] = DEFAULT_KINDS
+
+    @staticmethod
+    def base_kind(kind: str) -> str:
+        """`item` for the tag `item@<context>` (and for `item`)."""
+        return kind.split("@", 1)[0]
 
     def kind_of(self, key: ChunkKey, token_ids: Sequence[int]) -> str | None:
         """The kind k with chunk_key(fingerprint, k, token_ids) == key, or None."""

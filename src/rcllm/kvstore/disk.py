@@ -298,6 +298,9 @@ class DiskStore:
     def __len__(self) -> int:
         return len(self._index)
 
+    def __bool__(self) -> bool:  # a store is a store even when empty (`store or default`)
+        return True
+
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "foreign_hits": self.foreign_hits,

@@ -208,6 +208,9 @@ class TieredStore:
     def __len__(self) -> int:
         return len(self.memory)
 
+    def __bool__(self) -> bool:  # a store is a store even when empty (`store or default`)
+        return True
+
     def stats(self) -> dict[str, object]:
         with self._lock:
             return {"hits_by_tier": list(self.hits_by_tier), "pending_hits": self.pending_hits,

@@ -1,0 +1,57 @@
+"""An engine on a checked, tiered chunk store, and a tuned adapter adopted whole.
+
+Used by `rank`, `build-cache` and `serve`: `make_stored_engine` builds memory → disk
+(`kvstore.wiring.build_store`), the engine, then hands every tier the engine's `KeyCheck`
+(fingerprint + the kind tags it really keys chunks under), so entries on disk are validated on
+read and a put with a foreign key is refused. `adopt_adapter` applies `--adapter PATH`: the
+model's adapter, the prompt settings it was trained with, its scorer and its default method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..config import RcllmConfig, ReuseConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Adopted:
+    cfg: RcllmConfig
+    scorer: str
+    adapter: str | None
+
+
+def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None) -> Adopted:
+    """`cfg` with the adapter at `adapter` (else model.adapter) set, its prompt settings and —
+    unless reuse.method was set explicitly — the method it was trained for; the scorer is
+    `scorer` when given, else the adapter's, else the verbalizer. Raises RcllmError for an
+    unreadable adapter or conflicting prompt settings (see finetune.adapter.eval_settings)."""
+    path = adapter or cfg.model.adapter or None
+    if not path:
+        return Adopted(cfg, scorer or "verbalizer", None)
+    from ..finetune.adapter import eval_settings, trained_method, trained_scorer
+
+    cfg, _fractions, _seed = eval_settings(cfg, path)
+    if cfg.reuse.method == ReuseConfig().method:
+        cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse,
+                                                                 method=trained_method(path)))
+    return Adopted(cfg, scorer or trained_scorer(path), str(path))
+
+
+def make_stored_engine(cfg: RcllmConfig, items, scorer: str = "verbalizer",
+                       kv_dir: str | os.PathLike | None = None,
+                       history_bytes: int | None = None, disk_bytes: int | None = None):
+    """The engine over `items` (a dict it may mutate) on a store per `build_store`, with the
+    engine's KeyCheck attached to every tier."""
+    from ..engine import Engine
+    from ..kvstore.wiring import (DEFAULT_DISK_BYTES, attach_check, build_store,
+                                  engine_key_check)
+    from ..model.loading import load_model
+
+    loaded = load_model(cfg.model)
+    store = build_store(cfg.reuse.store_bytes, kv_dir, disk_bytes or DEFAULT_DISK_BYTES,
+                        history_bytes)
+    engine = Engine(loaded, items, cfg, store=store, scorer=scorer)
+    attach_check(store, engine_key_check(engine))
+    return engine

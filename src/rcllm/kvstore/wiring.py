@@ -1,0 +1,147 @@
+"""The chunk store an engine runs on: tiers put together, and entry checks for its real keys.
+
+`build_store` makes memory (optionally split by chunk kind, so client-supplied reviews have
+their own budget) → local disk (optional). `engine_key_check(engine)` is the `KeyCheck` of an
+engine's fingerprint and every kind tag it keys chunks under (`item@<context>`,
+`history@<context>` for each chunk context), and `attach_check` hands it to every tier that
+validates entries. The engine is duck-typed here (this package sits below it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Mapping
+
+from .base import ChunkKey, ChunkKV, KVStore, MemoryLRUStore
+from .codec import KeyCheck
+
+log = logging.getLogger(__name__)
+
+ENGINE_CHUNK_KINDS = ("item", "history")          # the segment kinds the engine stores
+CHUNK_CONTEXTS = ("template", "instruction", "none")
+DEFAULT_DISK_BYTES = 8 << 30
+
+
+def default_kv_dir(cache_root: str | os.PathLike) -> Path:
+    """The persistent chunk store of the one-shot commands: `<cache root>/kv`."""
+    return Path(cache_root) / "kv"
+
+
+def engine_kinds(engine) -> tuple[str, ...]:
+    """Every kind tag `engine` keys stored chunks under, for each chunk context a request may
+    ask for (`reuse.chunk_context` is a per-request override)."""
+    tags: list[str] = []
+    tag_of = getattr(engine, "_kind_tag", None)
+    for kind in ENGINE_CHUNK_KINDS:
+        if tag_of is None:      # an engine without per-context tags: its configured one only
+            tags.append(engine.kind_tag(kind))
+            continue
+        for mode in CHUNK_CONTEXTS:
+            tags.append(tag_of(kind, dataclasses.replace(engine.cfg.reuse, chunk_context=mode)))
+    return tuple(dict.fromkeys(tags))
+
+
+def engine_key_check(engine) -> KeyCheck:
+    return KeyCheck(engine.loaded.fingerprint, engine_kinds(engine))
+
+
+def tiers(store) -> list:
+    """`store` and every store inside it (tiered, partitioned), outermost first."""
+    out, todo = [], [store]
+    while todo:
+        s = todo.pop(0)
+        out.append(s)
+        todo += [getattr(s, "memory", None)] if hasattr(s, "memory") else []
+        todo += list(getattr(s, "lower", ()))
+        todo += list(getattr(s, "partitions", {}).values())
+        if isinstance(s, PartitionedStore):
+            todo.append(s.default)
+    return [s for s in out if s is not None]
+
+
+def attach_check(store, check: KeyCheck) -> int:
+    """Gives `check` to every tier of `store` that validates entries; returns how many."""
+    n = 0
+    for s in tiers(store):
+        if hasattr(s, "check"):
+            s.check = check
+            n += 1
+    return n
+
+
+def close_store(store) -> None:
+    """Drains write-behind (TieredStore) and releases disk slots; safe on any store."""
+    for s in tiers(store):
+        close = getattr(s, "close", None)
+        if close is not None:
+            close()
+
+
+class PartitionedStore:
+    """A store split by chunk kind, each part with its own byte budget: a put goes to the part
+    of its kind (as the KeyCheck derives it from key + token ids; `default` when unknown), so
+    one kind cannot evict another's entries. Client-supplied reviews (history chunks) in the
+    server thus cannot push catalog item KV out of memory. Thread-safe if the parts are."""
+
+    def __init__(self, default: KVStore, partitions: Mapping[str, KVStore],
+                 check: KeyCheck | None = None):
+        self.default = default
+        self.partitions = dict(partitions)
+        self.check = check
+
+    def _parts(self) -> list[KVStore]:
+        return [self.default, *self.partitions.values()]
+
+    def part_for(self, key: ChunkKey, value: ChunkKV) -> KVStore:
+        if self.check is None:
+            return self.default
+        kind = self.check.kind_of(key, value.token_ids)
+        return self.partitions.get(KeyCheck.base_kind(kind), self.default) if kind else self.default
+
+    def get(self, key: ChunkKey) -> ChunkKV | None:
+        for part in self._parts():
+            if part.contains(key):
+                value = part.get(key)
+                if value is not None:
+                    return value
+        return None
+
+    def put(self, key: ChunkKey, value: ChunkKV) -> None:
+        self.part_for(key, value).put(key, value)
+
+    def contains(self, key: ChunkKey) -> bool:
+        return any(p.contains(key) for p in self._parts())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self._parts())
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._parts())
+
+    def __bool__(self) -> bool:  # a store is a store even when empty (`store or default`)
+        return True
+
+    def check_invariants(self) -> None:
+        for p in self._parts():
+            p.check_invariants()
+
+
+def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
+                disk_bytes: int = DEFAULT_DISK_BYTES, history_bytes: int | None = None,
+                encoding: str = "raw") -> KVStore:
+    """Memory (with a separate `history_bytes` budget for review chunks when given), then a
+    DiskStore at `kv_dir` behind write-behind when given. Attach the engine's KeyCheck once the
+    engine exists (`attach_check(store, engine_key_check(engine))`)."""
+    memory: KVStore = MemoryLRUStore(memory_bytes)
+    if history_bytes is not None:
+        memory = PartitionedStore(memory, {"history": MemoryLRUStore(history_bytes)})
+    if kv_dir is None:
+        return memory
+    from .disk import DiskStore
+    from .tiered import TieredStore
+
+    return TieredStore(memory, [DiskStore(kv_dir, disk_bytes, encoding=encoding)])
