@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ..errors import RcllmError
 from ..records import Item, ItemId
@@ -81,8 +82,10 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
         metrics.observe_rank(out)
         return RankOut(**out)
 
+    # Handlers that may block (the engine lock, ray.get) are plain `def`: FastAPI runs them in
+    # its thread pool, so the event loop (and /healthz) never waits on an engine call.
     @app.put("/v1/items", response_model=ItemsAccepted, status_code=202, responses=ERRORS)
-    async def put_items(body: ItemsIn) -> ItemsAccepted:
+    def put_items(body: ItemsIn) -> ItemsAccepted:
         if len(body.items) > settings.max_items_per_put:
             raise BadField("items", f"{len(body.items)} items, at most "
                                     f"{settings.max_items_per_put} per request")
@@ -91,7 +94,7 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
         return ItemsAccepted(accepted=[i.item_id for i in items], pending=pending)
 
     @app.get("/v1/items/{item_id}", response_model=ItemOut, responses=ERRORS)
-    async def get_item(item_id: str) -> ItemOut:
+    def get_item(item_id: str) -> ItemOut:
         item, pending = backend.get_item(item_id)
         if item is None and not pending:
             raise StarletteHTTPException(404, f"unknown item {item_id!r}")
@@ -101,7 +104,7 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
                        category=item.category, pending=pending)
 
     @app.delete("/v1/items/{item_id}", status_code=204, responses=ERRORS)
-    async def delete_item(item_id: str) -> Response:
+    def delete_item(item_id: str) -> Response:
         if not backend.delete_item(item_id):
             raise StarletteHTTPException(404, f"unknown item {item_id!r}")
         return Response(status_code=204)
@@ -111,13 +114,13 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
         return {"ok": True}
 
     @app.get("/readyz", responses={503: {"model": ErrorOut}})
-    async def readyz() -> Response:
+    def readyz() -> Response:
         if backend.ready():
             return JSONResponse({"ready": True, "queue_depth": backend.queue_depth()})
         return error(503, "request", "not ready")
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def prometheus() -> PlainTextResponse:
+    def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
@@ -150,5 +153,19 @@ def _install_handlers(app: FastAPI, metrics: Metrics) -> None:
         return error(503, "request", str(exc), {"Retry-After": "5"})
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error(exc.status_code, "request", str(exc.detail), exc.headers)
+    async def http_error(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = exc.headers
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(req))}
+        return error(exc.status_code, "request", str(exc.detail), headers)
+
+
+def allowed_methods(req: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's own 405 names only the first
+    route's, e.g. GET for /v1/items/{id} although DELETE is served too)."""
+    methods: set[str] = set()
+    for route in req.app.router.routes:
+        match, _ = route.matches(req.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)

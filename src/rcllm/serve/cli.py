@@ -35,6 +35,15 @@ def register(top, bench) -> None:
     p.add_argument("--token-env", metavar="VAR",
                    help="require `Authorization: Bearer <token>` with the token read from this "
                         "environment variable (a token is never passed on the command line)")
+    p.add_argument("--adapter", metavar="PATH",
+                   help="LoRA adapter from `rcllm finetune`: sets model.adapter and adopts its "
+                        "prompt settings, scorer and default method")
+    p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
+                   help="default: the adapter's, else verbalizer")
+    p.add_argument("--history-kv-bytes", type=int, default=1 << 30, metavar="N",
+                   help="memory budget of review (history) chunk KV, apart from the item KV "
+                        "budget reuse.store_bytes, so client reviews cannot evict catalog items "
+                        "(default 1 GiB)")
     p.add_argument("--build-items", action="store_true",
                    help="single process: build every catalog item's KV before serving")
     p.add_argument("--instances", type=int, default=1,
@@ -68,8 +77,10 @@ def make_backend(args):
     """The backend the arguments ask for: LocalBackend, or RayBackend with --instances > 1."""
     from .spec import EngineSpec
 
+    if args.history_kv_bytes < 1:
+        raise RcllmError("--history-kv-bytes must be positive")
     spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format, args.category,
-                      args.kv_dir)
+                      args.kv_dir, args.adapter, args.scorer, args.history_kv_bytes)
     if args.instances > 1 or args.address:
         try:
             from .router import RayBackend

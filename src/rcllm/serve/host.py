@@ -4,12 +4,15 @@ Contract: every engine call holds `lock` (the engine is not thread-safe). An ite
 built first (its chunk KV computed and stored), then swapped into the catalog in one step
 under the lock, so a request sees either the old item or the new one with its KV, never a
 half-built entry. Updates of one id are versioned: the latest PUT or DELETE wins, an older
-build finishing later is dropped.
+build finishing later is dropped. Versions come from one counter for all ids, so an id's entry
+in the version map is dropped once nothing is pending for it: the map holds only ids with
+builds in flight, whatever the number of ids ever PUT or DELETEd.
 """
 
 from __future__ import annotations
 
 import logging
+import itertools
 import queue
 import threading
 from typing import Any
@@ -32,10 +35,10 @@ class EngineHost:
         self.engine = engine
         self.catalog: dict[ItemId, Item] = engine.builder.catalog
         self.lock = threading.Lock()
-        self._latest: dict[ItemId, int] = {}   # newest version requested per id
-        self._live: dict[ItemId, int] = {}     # version requests see per id
+        self._latest: dict[ItemId, int] = {}   # newest version requested, per pending id
+        self._versions = itertools.count(1)    # one counter for all ids: versions never repeat
         self._builds: queue.Queue = queue.Queue()
-        self._mu = threading.Lock()            # guards the two version maps
+        self._mu = threading.Lock()            # guards the version map
         self._thread = threading.Thread(target=self._build_loop, name="rcllm-items", daemon=True)
         self._thread.start()
 
@@ -52,7 +55,8 @@ class EngineHost:
         with self.lock:
             res = self.engine.rank(req, payload.get("method"), **overrides)
         return {"ranking": list(res.ranking), "scores": res.scores, "method": res.method,
-                "ttft_ms": res.ttft_ms, "total_ms": res.total_ms, "stats": res.stats}
+                "ttft_ms": res.ttft_ms, "total_ms": res.total_ms,
+                "stats": dict(res.stats)}   # plain data (the engine's stats may be a Mapping)
 
     # ---- catalog ----------------------------------------------------------------------------
     def submit_items(self, items: list[Item]) -> None:
@@ -63,20 +67,20 @@ class EngineHost:
                 raise Overloaded(5)
             jobs = []
             for it in items:
-                self._latest[it.item_id] = self._latest.get(it.item_id, 0) + 1
+                self._latest[it.item_id] = next(self._versions)
                 jobs.append((it, self._latest[it.item_id]))
         self._builds.put(jobs)
 
     def delete_item(self, item_id: ItemId) -> bool:
-        """Removes the item now (and cancels its pending builds); False when unknown."""
-        with self._mu:
-            known = item_id in self.catalog or self._is_pending(item_id)
-            self._latest[item_id] = self._latest.get(item_id, 0) + 1
-            self._live[item_id] = self._latest[item_id]
-        with self.lock:
+        """Removes the item now (and cancels its pending builds); False when unknown, which
+        changes nothing (an unknown id leaves no trace in the version map)."""
+        with self.lock, self._mu:   # the order _build_one takes them
+            if item_id not in self.catalog and not self._is_pending(item_id):
+                return False
+            self._settle(item_id)   # queued builds of older versions now find no match
             self.catalog.pop(item_id, None)
             self._forget_chunk(item_id)
-        return known
+        return True
 
     def item(self, item_id: ItemId) -> tuple[Item | None, bool]:
         """(the item requests see now or None, whether a newer version is being built)."""
@@ -84,10 +88,14 @@ class EngineHost:
             return self.catalog.get(item_id), self._is_pending(item_id)
 
     def pending(self) -> int:
-        return sum(1 for i in self._latest if self._is_pending(i))
+        return len(self._latest)
 
     def _is_pending(self, item_id: ItemId) -> bool:
-        return self._latest.get(item_id, 0) != self._live.get(item_id, 0)
+        return item_id in self._latest
+
+    def _settle(self, item_id: ItemId) -> None:
+        """Nothing is pending for `item_id` any more: forget its version (holding _mu)."""
+        self._latest.pop(item_id, None)
 
     def item_tokens(self) -> dict[str, int]:
         """Token count of every catalog item's chunk (for routing estimates)."""
@@ -160,7 +168,7 @@ class EngineHost:
                     log.exception("building item %s failed", item.item_id)
                     with self._mu:
                         if self._latest.get(item.item_id) == version:
-                            self._live[item.item_id] = version
+                            self._settle(item.item_id)
 
     def _build_one(self, item: Item, version: int) -> None:
         e = self.engine
@@ -178,4 +186,4 @@ class EngineHost:
                     return
                 self.catalog[item.item_id] = item
                 self._forget_chunk(item.item_id)
-                self._live[item.item_id] = version
+                self._settle(item.item_id)

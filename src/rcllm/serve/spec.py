@@ -16,6 +16,9 @@ class EngineSpec:
     format: str = "amazon2018"
     category: str | None = None
     kv_dir: str | None = None
+    adapter: str | None = None           # `--adapter`: the tuned ranker, its scorer and method
+    scorer: str | None = None            # None: the adapter's, else the verbalizer
+    history_bytes: int = 1 << 30         # memory budget of client-supplied review chunks
 
     def _args(self) -> SimpleNamespace:
         return SimpleNamespace(config=self.config, overrides=list(self.overrides),
@@ -27,12 +30,25 @@ class EngineSpec:
 
         return load_data(self._args())
 
+    def engine_config(self):
+        """(config, scorer) with the adapter adopted (prompt settings, default method)."""
+        from ..commands.common import engine_config
+        from ..commands.engine_setup import adopt_adapter
+
+        adopted = adopt_adapter(engine_config(self._args()), self.adapter, self.scorer)
+        return adopted.cfg, adopted.scorer
+
     def build(self):
-        """(engine, dataset): the engine serves a private, mutable copy of the catalog."""
+        """(engine, dataset): the engine serves a private, mutable copy of the catalog, on a
+        store whose review chunks have their own budget (`history_bytes`), so client reviews
+        cannot evict catalog item KV; `kv_dir` adds the disk tier."""
         from dataclasses import replace
 
-        from ..commands.common import make_engine
+        from ..commands.engine_setup import make_stored_engine
 
+        cfg, scorer = self.engine_config()
         ds = self.dataset()
         ds = replace(ds, items=dict(ds.items))
-        return make_engine(self._args(), ds), ds
+        engine = make_stored_engine(cfg, ds.items, scorer, self.kv_dir,
+                                    history_bytes=self.history_bytes)
+        return engine, ds
