@@ -60,6 +60,7 @@ class ReuseConfig:
     store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
     prototypes: bool = opt(True, "fill review chunks missing from the exact cache from the history prototype library (when history.library is set)")
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
+    user_prefix: bool = opt(True, "pointwise scorer, reuse methods: take the user side from the user-prefix cache when this history was seen, and store it there after answering")
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -106,17 +107,41 @@ class HistoryConfig:
 
 
 @dataclass(frozen=True)
+class UserPrefixConfig:
+    max_bytes: int = opt(1 << 30, "byte budget of the user-prefix cache (pointwise scorer)")
+    ttl_s: float = opt(0.0, "entry TTL in seconds; 0 = adaptive (3 x the user's mean request gap, at most max_ttl_s)")
+    max_ttl_s: float = opt(300.0, "upper bound of the adaptive TTL")
+    int8: bool = opt(False, "store user sides as INT8 K/V with per-channel scales")
+    spill_bytes: int = opt(0, "host spill tier for evicted user sides (0 = off)")
+
+    def validate(self) -> None:
+        if self.max_bytes <= 0 or self.spill_bytes < 0:
+            raise RcllmError("userprefix.max_bytes must be > 0 and userprefix.spill_bytes >= 0")
+        if self.ttl_s < 0 or self.max_ttl_s <= 0:
+            raise RcllmError("userprefix.ttl_s must be >= 0 and userprefix.max_ttl_s > 0")
+
+    def cache_config(self):
+        from .userprefix.cache import PrefixCacheConfig
+
+        return PrefixCacheConfig(max_bytes=self.max_bytes, ttl_s=self.ttl_s,
+                                 max_ttl_s=self.max_ttl_s, int8=self.int8,
+                                 spill_bytes=self.spill_bytes)
+
+
+@dataclass(frozen=True)
 class RcllmConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     reuse: ReuseConfig = field(default_factory=ReuseConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     history: HistoryConfig = field(default_factory=HistoryConfig)
+    userprefix: UserPrefixConfig = field(default_factory=UserPrefixConfig)
 
     def validate(self) -> None:
         self.model.validate()
         self.reuse.validate()
         self.prompt.validate()
         self.history.validate()
+        self.userprefix.validate()
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:

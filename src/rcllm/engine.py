@@ -1,9 +1,14 @@
-"""The single-process engine: request → prompt → cache lookup → selective prefill → ranking.
+"""The single-process engine: request → prompt → cache look-ups → selective prefill → scorer.
 
-The engine owns the model, the prompt builder, the chunk store (any `KVStore`) and the
-prefix cache. `rank()` is the request path; everything it times is on the path to the first
-token. Chunk misses are computed fresh inside the request and, after the answer, their
-position-independent KV is built and stored (off the timed path).
+The engine owns the model, the prompt builder, the chunk store (any `KVStore`), the prefix
+cache and (pointwise scorer) the user-prefix cache. `rank()` is the request path; everything it
+times is on the path to the first token. Chunk misses are computed fresh inside the request
+and, after the answer, their position-independent KV is built and stored (off the timed path);
+so is the user side of a pointwise request.
+
+Scorers are strategy objects (`Scorer`): they build the prompt (the listwise sequence, or the
+pointwise user side + one block per candidate) and turn the prefill's output slots into
+scores. Every prompt goes through the one selective prefill (`prefill.selective`).
 """
 
 from __future__ import annotations
@@ -22,13 +27,12 @@ from .config import RcllmConfig, ReuseConfig
 from .errors import RcllmError
 from .kvstore.base import ChunkKV, KVStore, MemoryLRUStore, chunk_key
 from .model.loading import LoadedModel
-from .prompt.builder import KINDS, Prompt, PromptBuilder, RankRequest
-from .records import HistoryEntry, Item, ItemId
-from .prefill.selective import PrefillInputs, prefill
 from .prefill.prefix_cache import PrefixCache
 from .prefill.scoring import continuation_scores, verbalizer_scores
 from .prefill.selection import selection_policy
-from .userprefix.scoring import suffix_last_hidden, yes_no_logits
+from .prefill.selective import Layout, PrefillInputs, prefill
+from .prompt.builder import KINDS, Prompt, PromptBuilder, RankRequest
+from .records import HistoryEntry, Item, ItemId
 
 log = logging.getLogger(__name__)
 REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # methods that reuse chunk KV
@@ -38,13 +42,55 @@ SCORERS = ("verbalizer", "likelihood", "pointwise")
 
 
 @dataclass
+class RankStats(Mapping):
+    """What one request did: sizes, cache look-ups, recomputation, FLOPs and where the time
+    went. Reads like a mapping (`stats["chunk_hits"]`, `dict(stats)`) for reports and JSON."""
+
+    tokens: int = 0                  # KV slots of the prompt (with blocks: user side + blocks)
+    prefix_tokens: int = 0           # exact tokens from the prefix cache
+    user_prefix: str = "off"         # pointwise: hit | miss | off (the user-prefix cache)
+    user_prefix_tokens: int = 0      # exact tokens from the user-prefix cache
+    chunk_hits: int = 0
+    chunk_misses: int = 0
+    reused_tokens: dict = field(default_factory=lambda: {"history": 0, "item": 0})
+    prototype_tokens: int = 0
+    prototype_chunks: int = 0
+    recomputed_tokens: int = 0
+    recomputed_fraction: float = 0.0
+    recomputed_by_kind: dict = field(default_factory=dict)
+    tokens_by_kind: dict = field(default_factory=dict)
+    layer0_tokens: int = 0
+    flops: float = 0.0
+    full_flops: float = 0.0
+    truncated_history: int = 0
+    build_ms: float = 0.0            # prompt build + tokenise
+    assemble_ms: float = 0.0         # cache look-ups + KV gather
+    prefill_ms: float = 0.0          # prefill + first-token scoring
+
+    def __getitem__(self, name: str):
+        if name not in self._names():
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    @classmethod
+    def _names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass
 class RankResult:
     ranking: list[ItemId]            # best first
     scores: dict[ItemId, float]      # log-scores (higher is better)
     method: str
     ttft_ms: float                   # request arrival → first-token logits
     total_ms: float                  # including likelihood scoring where used
-    stats: dict = field(default_factory=dict)
+    stats: RankStats = field(default_factory=RankStats)
     # kept when asked: [V] logits of the last position and its final-normed hidden state [d];
     # with the pointwise scorer each candidate's (yes, no) logits [C, 2] and hidden [C, d]
     logits: torch.Tensor | None = None
@@ -57,18 +103,19 @@ class LayerGather:
     (`reuse.overlap`). Calling it with a layer blocks until that layer is ready and returns its
     rotated keys [H_kv, N, D]; a failure in the thread is raised there, never swallowed."""
 
-    def __init__(self, model, k_buf: torch.Tensor, v_buf: torch.Tensor, copies: list):
+    def __init__(self, model, k_buf: torch.Tensor, v_buf: torch.Tensor, copies: list,
+                 positions: torch.Tensor):
         self._ready = [threading.Event() for _ in range(k_buf.shape[0])]
         self._rotated: list[torch.Tensor | None] = [None] * k_buf.shape[0]
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(model, k_buf, v_buf, copies),
+        self._thread = threading.Thread(target=self._run,
+                                        args=(model, k_buf, v_buf, copies, positions),
                                         name="rcllm-kv-gather", daemon=True)
         self._thread.start()
 
-    def _run(self, model, k_buf, v_buf, copies) -> None:
+    def _run(self, model, k_buf, v_buf, copies, positions) -> None:
         try:
             with torch.inference_mode():
-                positions = torch.arange(k_buf.shape[2], device=k_buf.device)
                 for layer, ready in enumerate(self._ready):
                     for s, e, entry in copies:
                         k_buf[layer, :, s:e] = entry.k[layer]
@@ -88,6 +135,94 @@ class LayerGather:
         return self._rotated[layer]
 
 
+@dataclass(frozen=True)
+class UserSideLookup:
+    key: str
+    user_id: str
+    history_hash: str
+    entries: int                     # history entries the user side holds
+    entry: object | None             # the cached user side (CachedPrefix) or None: a miss
+
+
+class Scorer:
+    """A ranking strategy: builds the prompt of a request (through `source`, a PromptBuilder
+    or a PointwisePrompt) and turns the prefill's output slots into one score per candidate
+    (higher is better)."""
+
+    name = ""
+
+    def __init__(self, source):
+        self.source = source
+
+    def prompt(self, req: RankRequest) -> Prompt:
+        return self.source.build(req)
+
+    def context_ids(self, kind: str) -> tuple[int, ...]:
+        """Instruction + the dynamic text a chunk of `kind` is built after (its KV context)."""
+        extra = () if kind == "instruction" else tuple(self.source.context_ids(kind))
+        return tuple(self.source.instruction_ids) + extra
+
+    def score(self, engine: "Engine", prompt: Prompt, inp: PrefillInputs, hidden_out):
+        """(scores [C], logits, normed hidden) from the output slots' hidden states."""
+        raise NotImplementedError
+
+    def after_first_token(self, engine: "Engine", prompt: Prompt, inp: PrefillInputs,
+                          scores: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Work after the first token that still decides the ranking (likelihood)."""
+        return scores
+
+
+class ListwiseScorer(Scorer):
+    """The listwise prompt; the verbalizer reads the candidate labels at the last position."""
+
+    name = "verbalizer"
+
+    def score(self, engine, prompt, inp, hidden_out):
+        logits = engine.model.logits(hidden_out[-1])
+        return verbalizer_scores(logits, prompt.label_token_ids), logits, None
+
+
+class LikelihoodScorer(ListwiseScorer):
+    """The listwise prompt; each candidate's name as the continuation, scored after the first
+    token (its cost is in total_ms, not in the TTFT)."""
+
+    name = "likelihood"
+
+    def score(self, engine, prompt, inp, hidden_out):
+        logits = engine.model.logits(hidden_out[-1])
+        return None, logits, None
+
+    def after_first_token(self, engine, prompt, inp, scores, logits):
+        conts = [self.source.continuation_ids(c) for c in prompt.candidates]
+        return continuation_scores(engine.model, inp.k_buf, inp.v_buf, logits, conts)
+
+
+class PointwiseScorer(Scorer):
+    """The user side, then one block per candidate (head + item chunk + tail) in one packed
+    pass; score = the " Yes" − " No" logit at each block's last slot (TALLRec)."""
+
+    name = "pointwise"
+
+    def __init__(self, builder: PromptBuilder, max_positions: int):
+        from .userprefix.prompt import PointwisePrompt
+
+        super().__init__(PointwisePrompt(builder, max_positions))
+        self.pw = self.source
+
+    def score(self, engine, prompt, inp, hidden_out):
+        import torch.nn.functional as F
+
+        hidden = engine.model.final_hidden(hidden_out)
+        logits = F.linear(hidden, engine.model.lm_head[[self.pw.yes_id, self.pw.no_id]]).float()
+        return logits[:, 0] - logits[:, 1], logits, hidden
+
+
+def make_scorer(name: str, builder: PromptBuilder, max_positions: int) -> Scorer:
+    if name == "pointwise":
+        return PointwiseScorer(builder, max_positions)
+    return LikelihoodScorer(builder) if name == "likelihood" else ListwiseScorer(builder)
+
+
 class Engine:
     def __init__(self, loaded: LoadedModel, catalog: Mapping[ItemId, Item], cfg: RcllmConfig,
                  store: KVStore | None = None, scorer: str = "verbalizer"):
@@ -98,22 +233,24 @@ class Engine:
             raise RcllmError(f"unknown scorer {scorer!r}; use one of {', '.join(SCORERS)}")
         self.scorer = scorer
         self.catalog = catalog
-        # the pointwise scorer keeps the listwise builder for chunk texts and contexts
+        # the pointwise scorer keeps the listwise builder for chunk texts and validation
         self.builder = PromptBuilder(loaded.tokenizer, catalog, cfg.prompt,
                                      self.model.arch.max_positions,
                                      "verbalizer" if scorer == "pointwise" else scorer)
-        self.pointwise = None
-        if scorer == "pointwise":
-            from .userprefix.prompt import PointwisePrompt
-
-            self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
+        self.strategy = make_scorer(scorer, self.builder, self.model.arch.max_positions)
+        self.pointwise = getattr(self.strategy, "pw", None)
         self.store: KVStore = store or MemoryLRUStore(cfg.reuse.store_bytes)
         self.prefix = PrefixCache(loaded.fingerprint, cfg.reuse.prefix_block)
-        instr_ids = (self.pointwise.instruction_ids if self.pointwise is not None
-                     else self.builder.instruction_ids)
+        instr_ids = self.strategy.context_ids("instruction")
         out = self.model.forward(torch.tensor(instr_ids, device=self.model.device),
                                  return_kv=True)
         self.prefix.insert(instr_ids, out["k"], out["v"], len(instr_ids))
+        self.user_prefixes = None
+        if self.pointwise is not None:
+            from .userprefix.cache import UserPrefixCache
+
+            self.user_prefixes = UserPrefixCache(cfg.userprefix.cache_config(),
+                                                 loaded.fingerprint)
         # KV of the context each chunk kind is built after (see compute_chunk)
         self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
         self.history_library = None
@@ -128,16 +265,14 @@ class Engine:
         """(K, V, tag) of the tokens a chunk of `kind` is built after, or None for "none".
 
         "instruction": the instruction prefix; "template": the instruction followed by the
-        dynamic text that precedes such a chunk in a prompt (the items header and a label, or a
-        history entry's date and rating), so the chunk's first tokens see a realistic
-        neighbourhood instead of acting as attention sinks.
+        dynamic text that precedes such a chunk in a prompt (the items header and a label, or
+        the pointwise block head; a history entry's bullet), so the chunk's first tokens see a
+        realistic neighbourhood instead of acting as attention sinks.
         """
         if mode == "none":
             return None
         if (kind, mode) not in self._contexts:
-            ids = list(self.builder.instruction_ids)
-            if mode == "template":
-                ids += list(self.builder.context_ids(kind))
+            ids = list(self.strategy.context_ids("instruction" if mode == "instruction" else kind))
             out = self.model.forward(torch.tensor(ids, device=self.model.device), return_kv=True)
             tag = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
             self._contexts[(kind, mode)] = (out["k"], out["v"], tag)
@@ -205,10 +340,28 @@ class Engine:
         reuse.validate()
         return reuse
 
-    def _assemble(self, prompt: Prompt, reuse: ReuseConfig):
+    def _user_prefix(self, req: RankRequest, prompt: Prompt, reuse: ReuseConfig):
+        """The request's user side in the user-prefix cache (entry None on a miss), or None
+        when the cache does not apply (listwise, full/prefix methods, turned off)."""
+        if (self.user_prefixes is None or not reuse.user_prefix
+                or reuse.method not in REUSE_METHODS):
+            return None
+        from .userprefix.prompt import history_hash
+
+        kept = tuple(req.history)[prompt.truncated_history:]
+        cache = self.user_prefixes
+        cache.note_request(req.user_id)
+        hhash = history_hash(kept)
+        key = cache.key(req.user_id, hhash)
+        return UserSideLookup(key, req.user_id, hhash, len(kept), cache.lookup(key))
+
+    def _assemble(self, prompt: Prompt, reuse: ReuseConfig, user):
+        """Cache look-ups: the KV buffers of every slot, which slots hold cached KV (exact or
+        reused), and the chunk misses to build after answering."""
         a = self.model.arch
-        ids = prompt.token_ids
-        n = len(ids)
+        segments = prompt.slot_segments()
+        ids = [t for seg in segments for t in seg.token_ids]
+        n, shared = len(ids), len(prompt)
         dev = self.model.device
         shape = (a.num_layers, a.num_kv_heads, n, a.head_dim)
         k_buf = torch.empty(shape, dtype=self.model.dtype, device=dev)
@@ -216,18 +369,27 @@ class Engine:
         have = torch.zeros(n, dtype=torch.bool)
         kind = torch.zeros(n, dtype=torch.int8)
         offset = torch.zeros(n, dtype=torch.long)
+        stats = RankStats(tokens=n, truncated_history=prompt.truncated_history)
         prefix_len = 0
-        if reuse.method != "full":
-            prefix_len = self.prefix.lookup(ids, k_buf, v_buf, limit=n - 1)
-            have[:prefix_len] = True
+        if user is not None and user.entry is not None:
+            kv = user.entry.stored.load(self.model.dtype, dev)
+            k_buf[:, :, :shared] = kv.k
+            v_buf[:, :, :shared] = kv.v
+            prefix_len = shared
+            stats.user_prefix, stats.user_prefix_tokens = "hit", shared
+        elif reuse.method != "full":
+            # the shared part may end at the last slot (listwise) which must stay fresh
+            limit = shared if prompt.blocks else n - 1
+            prefix_len = self.prefix.lookup(prompt.token_ids, k_buf, v_buf, limit=limit)
+            stats.prefix_tokens = prefix_len
+            if user is not None:
+                stats.user_prefix = "miss"
+        have[:prefix_len] = True
         exact = have.clone()
-        stats = {"tokens": n, "prefix_tokens": prefix_len, "chunk_hits": 0, "chunk_misses": 0,
-                 "reused_tokens": {"history": 0, "item": 0}, "prototype_tokens": 0,
-                 "prototype_chunks": 0}
         library = self.history_library if reuse.prototypes else None
         misses, copies = [], []
         start = 0
-        for seg in prompt.segments:
+        for seg in segments:
             end = start + len(seg.token_ids)
             kind[start:end] = KINDS.index(seg.kind)
             if seg.is_chunk:
@@ -237,23 +399,24 @@ class Engine:
                     if entry is not None and entry.token_ids == seg.token_ids:
                         copies.append((start, end, entry))
                         have[start:end] = True
-                        stats["chunk_hits"] += 1
-                        stats["reused_tokens"][seg.kind] += len(seg.token_ids)
+                        stats.chunk_hits += 1
+                        stats.reused_tokens[seg.kind] += len(seg.token_ids)
                     else:
-                        stats["chunk_misses"] += 1
+                        stats.chunk_misses += 1
                         misses.append((seg.kind, seg.token_ids))
                         if seg.kind == "history" and library is not None:
                             m = library.match(self, seg.token_ids, self.cfg.history.threshold,
                                               self.cfg.history.search)
                             copies.append((start, end, ChunkKV(seg.token_ids, m.k, m.v)))
                             have[start:end] = m.matched
-                            stats["prototype_chunks"] += 1
-                            stats["prototype_tokens"] += int(m.matched.sum())
+                            stats.prototype_chunks += 1
+                            stats.prototype_tokens += int(m.matched.sum())
             start = end
+        layout = Layout(n, prompt.block_ranges(), dev)
         inp = PrefillInputs(torch.tensor(ids, device=dev), k_buf, v_buf, have.to(dev),
-                            exact.to(dev), kind.to(dev), offset.to(dev))
+                            exact.to(dev), kind.to(dev), offset.to(dev), layout=layout)
         if reuse.overlap and copies:
-            inp.layer = LayerGather(self.model, k_buf, v_buf, copies)
+            inp.layer = LayerGather(self.model, k_buf, v_buf, copies, layout.pos)
         else:
             for s, e, entry in copies:
                 k_buf[:, :, s:e] = entry.k
@@ -266,51 +429,32 @@ class Engine:
         thread-safe (one request at a time per engine)."""
         t0 = time.perf_counter()
         reuse = self.reuse_config(req, method, **overrides)
-        pw = self.pointwise
-        if pw is None:
-            prompt = self.builder.build(req)
-        else:
-            prompt, suffixes = pw.prompt(req)
+        prompt = self.strategy.prompt(req)
         t1 = time.perf_counter()
-        inp, stats, misses = self._assemble(prompt, reuse)
+        user = self._user_prefix(req, prompt, reuse)
+        inp, stats, misses = self._assemble(prompt, reuse, user)
         t2 = time.perf_counter()
         res = prefill(self.model, inp, selection_policy(reuse))
-        if pw is not None:
-            # every candidate's title + question tail after the (selectively) prefilled user
-            # side; its first answer token is the request's first token
-            with torch.inference_mode():
-                h = suffix_last_hidden(self.model, inp.k_buf, inp.v_buf, suffixes)
-                logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)    # [C, 2]
-                hidden = self.model.final_hidden(h)
-            scores_t = logits[:, 0] - logits[:, 1]
-        else:
-            logits = self.model.logits(res.hidden_last)
-            hidden = None
+        with torch.inference_mode():
+            scores_t, logits, hidden = self.strategy.score(self, prompt, inp, res.hidden_out)
         ttft_ms = (time.perf_counter() - t0) * 1e3
-        if self.scorer == "likelihood":
-            conts = [self.builder.continuation_ids(c) for c in prompt.candidates]
-            scores_t = continuation_scores(self.model, inp.k_buf, inp.v_buf, logits, conts)
-        elif self.scorer == "verbalizer":
-            scores_t = verbalizer_scores(logits, prompt.label_token_ids)
+        with torch.inference_mode():
+            scores_t = self.strategy.after_first_token(self, prompt, inp, scores_t, logits)
         total_ms = (time.perf_counter() - t0) * 1e3
         scores = {c: float(s) for c, s in zip(prompt.candidates, scores_t)}
         ranking = sorted(prompt.candidates, key=lambda c: -scores[c])
-        self._after(reuse, prompt, inp, res, misses)
+        self._after(reuse, prompt, inp, misses, user)
         kinds = inp.kind.cpu()
         computed = res.computed.cpu()
-        stats.update({
-            "recomputed_tokens": int(computed.sum()),
-            "recomputed_fraction": float(computed.float().mean()),
-            "recomputed_by_kind": {k: int((computed & (kinds == KINDS.index(k))).sum())
-                                   for k in KINDS},
-            "tokens_by_kind": {k: int((kinds == KINDS.index(k)).sum()) for k in KINDS},
-            "layer0_tokens": res.layer0_computed,
-            "flops": res.flops, "full_flops": res.full_flops,
-            "truncated_history": prompt.truncated_history,
-            # where the time went: prompt build + tokenise, cache lookup + KV gather, prefill
-            "build_ms": (t1 - t0) * 1e3, "assemble_ms": (t2 - t1) * 1e3,
-            "prefill_ms": ttft_ms - (t2 - t0) * 1e3,
-        })
+        stats.recomputed_tokens = int(computed.sum())
+        stats.recomputed_fraction = float(computed.float().mean())
+        stats.recomputed_by_kind = {k: int((computed & (kinds == KINDS.index(k))).sum())
+                                    for k in KINDS}
+        stats.tokens_by_kind = {k: int((kinds == KINDS.index(k)).sum()) for k in KINDS}
+        stats.layer0_tokens = res.layer0_computed
+        stats.flops, stats.full_flops = res.flops, res.full_flops
+        stats.build_ms, stats.assemble_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        stats.prefill_ms = ttft_ms - (t2 - t0) * 1e3
         result = RankResult(ranking, scores, reuse.method, ttft_ms, total_ms, stats)
         if keep_tensors:
             result.logits = logits.detach()
@@ -318,11 +462,22 @@ class Engine:
                              else self.model.final_hidden(res.hidden_last)).detach()
         return result
 
-    def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, res, misses) -> None:
-        """Off the timed path: exact prompts feed the prefix cache, misses feed the store."""
+    def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, misses,
+               user) -> None:
+        """Off the timed path: exact prompts feed the prefix cache, misses feed the store, a
+        pointwise user side feeds the user-prefix cache."""
+        shared = len(prompt)
         if reuse.prefix_insert and reuse.method in ("full", "prefix"):
-            self.prefix.insert(prompt.token_ids, inp.k_buf, inp.v_buf, len(inp.ids) - 1)
+            upto = shared if prompt.blocks else shared - 1
+            self.prefix.insert(prompt.token_ids, inp.k_buf, inp.v_buf, upto)
         if reuse.cache_misses:
             for kind, ids in misses:
                 self.ensure_chunk(kind, ids, reuse)
+        if user is not None and user.entry is None:
+            from .userprefix.entry import CachedPrefix
+            from .userprefix.kv import PrefixKV, StoredKV
 
+            kv = PrefixKV(inp.k_buf[:, :, :shared].clone(), inp.v_buf[:, :, :shared].clone())
+            self.user_prefixes.put(CachedPrefix(user.key, user.user_id, user.history_hash,
+                                                user.entries, 0,
+                                                StoredKV.of(kv, self.user_prefixes.cfg.int8)))

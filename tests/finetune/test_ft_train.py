@@ -75,6 +75,17 @@ def test_merged_model_equals_trained_weights(tiny_ft_config, fav_dataset, tmp_pa
     assert (got - base).abs().max() > 1e-3  # the adapter changed something
 
 
+def _assert_gradient_reaches_every_factor(t):
+    patch = LoraPatch(t.model, t.lora)
+    patch.install()
+    try:
+        loss, _ = t.loss_at(0)
+        loss.backward()
+    finally:
+        patch.restore()
+    assert all(f.grad is not None for f in t.lora.factors.values())
+
+
 def _request(trainer):
     from rcllm.prompt.builder import RankRequest
 
@@ -97,11 +108,30 @@ def test_pointwise_scores_equal_plain_forwards(tiny_ft_config, fav_dataset, tmp_
             yes, no = (hidden @ t.model.lm_head[[pw.yes_id, pw.no_id]].T).tolist()
             want.append(yes - no)
     torch.testing.assert_close(got, torch.tensor(want), rtol=1e-4, atol=1e-4)
-    patch = LoraPatch(t.model, t.lora)
-    patch.install()
-    try:
-        loss, _ = t.loss_at(0)
-        loss.backward()
-    finally:
-        patch.restore()
-    assert all(f.grad is not None for f in t.lora.factors.values())  # reaches every factor
+    _assert_gradient_reaches_every_factor(t)
+
+
+def test_reuse_aware_scores_equal_the_engine_reusing_stored_item_kv(tiny_ft_config, fav_dataset,
+                                                                   tmp_path):
+    """train.reuse trains on what serving computes: item chunks from the chunk store (built
+    after the instruction and the block head), everything else computed over them (naive)."""
+    from rcllm.config import RcllmConfig, ReuseConfig
+    from rcllm.engine import Engine
+
+    t = _trainer(tiny_ft_config(candidates=3, reuse=True), fav_dataset, tmp_path / "r")
+    draw = t.stream.draw(0)
+    eng = Engine(t.loaded, fav_dataset.items,
+                 RcllmConfig(prompt=t.cfg.prompt, reuse=ReuseConfig(prefix_insert=False)),
+                 scorer="pointwise")
+    eng.build_items(draw.candidates)
+    req = _request(t)
+    served = eng.rank(req, "naive", user_prefix=False)
+    assert served.stats["reused_tokens"]["item"] > 0
+    with torch.no_grad():
+        got = t.pointwise_scores(draw)
+        plain = Trainer(t.loaded, fav_dataset, t.train_users,
+                        tiny_ft_config(candidates=3), t.folder, t.key).pointwise_scores(draw)
+    want = torch.tensor([served.scores[c] for c in draw.candidates])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert (got - plain).abs().max() > 1e-4  # the chunks really saw less than in full
+    _assert_gradient_reaches_every_factor(t)

@@ -1,4 +1,5 @@
-"""The engine's pointwise scorer: the userprefix yes/no prompt through the selective prefill."""
+"""The engine's pointwise scorer: user side + one block per candidate through the selective
+prefill, item chunks reused inside the blocks, the user side from the user-prefix cache."""
 
 import pytest
 import torch
@@ -29,10 +30,10 @@ def _req(case, order=None):
 def _reference(engine, case):
     """Each candidate's yes − no logit from one plain forward over its whole prompt."""
     pw, model = engine.pointwise, engine.model
-    side = list(pw.prompt(_req(case))[0].token_ids)
+    side = list(pw.prompt(_req(case)).token_ids)
     out = []
     for c in case.candidates:
-        ids = torch.tensor(side + list(pw.title_ids(c)))
+        ids = torch.tensor(side + list(pw.candidate_ids(c)))
         hidden = model.forward(ids, return_hidden=True)["hidden"]
         yes, no = (hidden @ model.lm_head[[pw.yes_id, pw.no_id]].T).tolist()
         out.append(yes - no)
@@ -47,8 +48,21 @@ def test_full_scores_equal_independent_forwards(tiny_loaded, workload):
     got = torch.tensor([res.scores[c] for c in case.candidates])
     torch.testing.assert_close(got, _reference(eng, case), rtol=1e-4, atol=1e-4)
     assert res.logits.shape == (len(case.candidates), 2)
-    # the prompt holds the user side only: no candidate text is a chunk of it
-    assert res.stats["tokens_by_kind"]["item"] == 0
+    # every candidate's item chunk is in its block
+    assert res.stats["tokens_by_kind"]["item"] == sum(
+        len(eng.builder.item_chunk(c)) for c in case.candidates)
+
+
+def test_a_block_never_sees_another_candidate(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    a = eng.rank(_req(case), "full")
+    other = next(i for i in ds.items if i not in case.candidates)
+    swapped = case.candidates[:-1] + (other,)
+    b = eng.rank(_req(case, swapped), "full")
+    for c in case.candidates[:-1]:
+        assert abs(a.scores[c] - b.scores[c]) < 1e-4
 
 
 def test_candidate_order_does_not_change_scores(tiny_loaded, workload):
@@ -66,12 +80,39 @@ def test_full_budget_rcllm_equals_full(tiny_loaded, workload):
     eng = _engine(tiny_loaded, ds)
     for case in cases:
         eng.build_history(case.history)
+        eng.build_items(case.candidates)
         full = eng.rank(_req(case), "full", keep_tensors=True)
-        sel = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
-        assert sel.stats["chunk_hits"] > 0  # history chunks really came from the store
+        sel = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0,
+                       history_ratio=1.0, user_prefix=False)
+        # history and item chunks really came from the store, and were all recomputed
+        assert sel.stats["reused_tokens"]["item"] == sel.stats["tokens_by_kind"]["item"] > 0
+        assert sel.stats["reused_tokens"]["history"] > 0
         assert (full.logits - sel.logits).abs().max().item() < 1e-3
-        naive = eng.rank(_req(case), "naive", keep_tensors=True)
-        assert naive.stats["recomputed_fraction"] < 1.0
+        naive = eng.rank(_req(case), "naive", keep_tensors=True, user_prefix=False)
+        assert naive.stats["recomputed_by_kind"]["item"] == 0
+        assert naive.stats["recomputed_fraction"] < 0.5
+
+
+def test_user_side_comes_from_the_user_prefix_cache(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[2]
+    full = eng.rank(_req(case), "full", keep_tensors=True)
+    first = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
+    assert first.stats["user_prefix"] == "miss"
+    again = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
+    shared = again.stats["tokens"] - sum(len(eng.pointwise.candidate_ids(c))
+                                         for c in case.candidates)
+    assert again.stats["user_prefix"] == "hit"
+    assert again.stats["user_prefix_tokens"] == shared
+    # nothing of the user side is computed again; the blocks are
+    assert again.stats["recomputed_tokens"] == again.stats["tokens"] - shared
+    assert (full.logits - again.logits).abs().max().item() < 1e-3
+    # another history is another key: a miss
+    other = eng.rank(RankRequest(case.user_id, case.history[:-1], case.candidates), "rcllm")
+    assert other.stats["user_prefix"] == "miss"
+    # full never reads it
+    assert eng.rank(_req(case), "full").stats["user_prefix"] == "off"
 
 
 def test_unknown_scorer_and_bad_candidates_are_clear(tiny_loaded, workload):

@@ -59,6 +59,10 @@ class TrainConfig:
     objective: str = opt("pointwise", "pointwise: yes/no log-odds of each candidate after the user "
                                       "side (rcllm.userprefix prompt), softmax over the "
                                       "candidates; listwise: the verbalizer label of the target")
+    reuse: bool = opt(False, "reuse-aware (Block-Attention style, pointwise only): each item "
+                             "chunk sees only its template context and itself, as the chunk "
+                             "store holds it, while the block tail sees everything; the adapter "
+                             "then serves with naive reuse by default")
     candidates: int = opt(8, "candidates per training prompt (target + popularity negatives)")
     targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
@@ -80,6 +84,8 @@ class TrainConfig:
         if self.objective not in OBJECTIVES:
             raise RcllmError(f"train.objective must be one of {', '.join(OBJECTIVES)}, "
                              f"not {self.objective!r}")
+        if self.reuse and self.objective != "pointwise":
+            raise RcllmError("train.reuse needs train.objective=pointwise")
         if not 2 <= self.candidates <= 26:
             raise RcllmError("train.candidates must be within 2..26")
         if self.targets not in ("last", "all"):

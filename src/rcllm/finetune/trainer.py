@@ -2,11 +2,13 @@
 
 Loss (`train.objective`), both through the transformer's exact forward with the LoRA-patched
 weights:
-- pointwise (default): the TALLRec prompt of `rcllm.userprefix` — the user side, then per
-  candidate "Will I like <title>? Answer:"; each candidate's score is its " Yes" − " No" logit,
-  and the loss is the cross-entropy of the target among the candidates' scores (a softmax
-  over candidates, so every step contrasts the target with popularity negatives). This is
-  what the engine's pointwise scorer ranks by.
+- pointwise (default): the engine's pointwise prompt — the user side, then one block per
+  candidate "Will I like <item chunk>? Answer:" — through the engine's selective prefill; each
+  candidate's score is its " Yes" − " No" logit, and the loss is the cross-entropy of the target
+  among the candidates' scores (a softmax over candidates, so every step contrasts the target
+  with popularity negatives). This is what the engine's pointwise scorer ranks by.
+  `train.reuse` (reuse-aware, after Block-Attention / KVLink): the item chunks' KV comes from a
+  pass over the template context and the chunk only, as the chunk store holds it.
 - listwise: the engine's listwise prompt (PromptBuilder, verbalizer question); cross-entropy of
   the target's label among the candidate labels at the last position — the softmax the
   verbalizer scorer ranks by (`prefill.scoring.verbalizer_scores`).
@@ -34,6 +36,9 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import RcllmError
 from ..model.loading import LoadedModel, cache_root
+from ..config import ReuseConfig
+from ..prefill.selection import SelectionPolicy
+from ..prefill.selective import Layout, PrefillInputs, prefill
 from ..prompt.builder import PromptBuilder, RankRequest
 from ..records import Dataset, UserId
 from .adapter import read_manifest, save_adapter, write_atomic
@@ -84,6 +89,7 @@ class Trainer:
         self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
         self.state = TrainState()
         self.pointwise = None
+        self._reuse_cfg = ReuseConfig(method="naive")  # compute what is not given, as it is
         if t.objective == "pointwise":
             from ..userprefix.prompt import PointwisePrompt
 
@@ -108,19 +114,60 @@ class Trainer:
         return self.model.forward(ids)["logits"][list(prompt.label_token_ids)].float()
 
     def pointwise_scores(self, draw) -> torch.Tensor:
-        """Each candidate's yes/no log-odds [C]: one forward over the engine's pointwise
-        prompt (`PointwisePrompt.prompt`: user side + question head), then every candidate's
-        title + question tail in one packed pass that sees the user side and itself only — the
-        computation the engine's pointwise scorer runs, with the graph kept."""
-        from ..userprefix.scoring import suffix_last_hidden, yes_no_logits
-
+        """Each candidate's yes/no log-odds [C] from the engine's pointwise prompt (user side,
+        then one block per candidate seeing the user side and itself) through the engine's
+        selective prefill with the graph kept. With `train.reuse` each item chunk's KV comes
+        from a pass where it sees only its template context (instruction + block head) and
+        itself — what the chunk store holds at inference — and the rest of the prompt is
+        computed over that KV."""
         ex, pw = draw.example, self.pointwise
-        prompt, suffixes = pw.prompt(RankRequest(ex.user_id, ex.history, draw.candidates))
-        ids = torch.tensor(prompt.token_ids, device=self.model.device)
-        out = self.model.forward(ids, return_kv=True)
-        h = suffix_last_hidden(self.model, out["k"], out["v"], suffixes)
-        logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)
+        prompt = pw.prompt(RankRequest(ex.user_id, ex.history, draw.candidates))
+        segments = prompt.slot_segments()
+        ids = [t for seg in segments for t in seg.token_ids]
+        items = []  # slot ranges of the item chunks
+        at = 0
+        for seg in segments:
+            if seg.kind == "item":
+                items.append((at, at + len(seg.token_ids), seg.token_ids))
+            at += len(seg.token_ids)
+        reused = None
+        if self.cfg.train.reuse:
+            ctx = list(pw.instruction_ids) + list(pw.context_ids("item"))
+            chunk_ids = ctx + [t for _, _, c in items for t in c]
+            ranges, s = [], len(ctx)
+            for _, _, c in items:
+                ranges.append((s, s + len(c)))
+                s += len(c)
+            inp = self._inputs(chunk_ids, ranges)
+            prefill(self.model, inp, SelectionPolicy(self._reuse_cfg), grad=True)
+            reused = (inp, ranges)
+        inp = self._inputs(ids, prompt.block_ranges())
+        if reused is not None:
+            chunk_inp, ranges = reused
+            for (s, e, _), (cs, ce) in zip(items, ranges):
+                for layer in range(self.model.arch.num_layers):
+                    inp.k_buf[layer][:, s:e] = chunk_inp.k_buf[layer][:, cs:ce]
+                    inp.v_buf[layer][:, s:e] = chunk_inp.v_buf[layer][:, cs:ce]
+                inp.have_kv[s:e] = True
+        res = prefill(self.model, inp, SelectionPolicy(self._reuse_cfg), grad=True)
+        h = self.model.final_hidden(res.hidden_out)
+        logits = F.linear(h, self.model.lm_head[[pw.yes_id, pw.no_id]]).float()
         return logits[:, 0] - logits[:, 1]
+
+    def _inputs(self, ids: list[int], blocks) -> PrefillInputs:
+        """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe)."""
+        a, dev, n = self.model.arch, self.model.device, len(ids)
+        t = torch.tensor(ids, device=dev)
+
+        def bufs():
+            return [torch.zeros(a.num_kv_heads, n, a.head_dim, dtype=self.model.dtype,
+                                device=dev) for _ in range(a.num_layers)]
+
+        none = torch.zeros(n, dtype=torch.bool, device=dev)
+        return PrefillInputs(t, bufs(), bufs(), none.clone(), none.clone(),
+                             torch.zeros(n, dtype=torch.int8, device=dev),
+                             torch.zeros(n, dtype=torch.long, device=dev),
+                             layout=Layout(n, blocks, dev))
 
     def _step(self, patch: LoraPatch, step: int) -> None:
         t = self.cfg.train

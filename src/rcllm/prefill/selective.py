@@ -10,15 +10,22 @@ chunks computed in another context) and the rest are fresh:
 2. The policy picks the tokens to recompute; fresh tokens are always computed.
 3. Layers ≥ 1 compute only the chosen tokens: their new K/V overwrite the reused ones, their
    queries attend causally over all N keys (reused keys are rotated to their new positions).
-4. Only the last position's hidden state is returned (logits are the caller's choice).
+4. Only the output slots' hidden states are returned (logits are the caller's choice).
 
 With a policy that selects every token this is exactly full recompute.
+
+One loop serves every prompt shape through a `Layout`: which position each KV slot sits at and
+which earlier slots it sees. The listwise prompt is one causal sequence. The pointwise prompt is
+a shared part (the user side) followed by C candidate *blocks* that all start right after it,
+each seeing the shared part and itself, never another block; each block's last slot is an
+output. Fine-tuning runs the same loop with gradients (`grad=True`).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -26,6 +33,91 @@ from ..model.transformer import Transformer
 from .selection import Probe, SelectionPolicy
 
 MASS_QUERIES = 16  # last queries whose layer-0 attention defines the heavy hitters
+GROUP_SLOTS = 1024  # block attention runs over groups of whole blocks of at most this many slots
+
+
+class Layout:
+    """Positions and visibility of N KV slots.
+
+    Slots [0, shared) form one causal sequence at positions 0..shared-1. Each block (a slot
+    range after the shared part) restarts at position `shared` and sees the shared part plus
+    itself causally. `outputs` are the slots whose hidden states the prefill returns.
+    """
+
+    def __init__(self, n: int, blocks: Sequence[tuple[int, int]] = (), device=None):
+        self.n = n
+        self.blocks = list(blocks)
+        self.shared = self.blocks[0][0] if self.blocks else n
+        pos = torch.arange(n, device=device)
+        block = torch.zeros(n, dtype=torch.long, device=device)
+        prev = self.shared
+        for b, (s, e) in enumerate(self.blocks, start=1):
+            if s != prev or e <= s:
+                raise ValueError("blocks must be consecutive, non-empty and end the layout")
+            pos[s:e] = torch.arange(self.shared, self.shared + e - s, device=device)
+            block[s:e] = b
+            prev = e
+        if prev != n:
+            raise ValueError("blocks must cover the slots after the shared part")
+        self.pos, self.block = pos, block
+        self.outputs = (torch.tensor([e - 1 for _, e in self.blocks], device=device)
+                        if self.blocks else torch.tensor([n - 1], device=device))
+        self._groups: list[tuple[int, int]] = []
+        for s, e in self.blocks:  # consecutive whole blocks of <= GROUP_SLOTS slots
+            if self._groups and e - self._groups[-1][0] <= GROUP_SLOTS:
+                self._groups[-1] = (self._groups[-1][0], e)
+            else:
+                self._groups.append((s, e))
+
+    @staticmethod
+    def causal(n: int, device=None) -> "Layout":
+        return Layout(n, (), device)
+
+    def visible(self, q_slots: torch.Tensor) -> torch.Tensor:
+        """[len(q_slots), N] bool: which slots each query slot attends to."""
+        qp, qb = self.pos[q_slots].unsqueeze(1), self.block[q_slots].unsqueeze(1)
+        return (self.pos.unsqueeze(0) <= qp) & ((self.block.unsqueeze(0) == 0)
+                                                | (self.block.unsqueeze(0) == qb))
+
+    def plan(self, idx: torch.Tensor) -> list[tuple[int, int, int, int, torch.Tensor | None]]:
+        """How queries at slots `idx` (sorted) attend: (query from, to, key slots from, to,
+        mask) per call; mask None = the shared part's causal attention."""
+        out = []
+        cut = int(torch.searchsorted(idx, torch.tensor(self.shared, device=idx.device)))
+        if cut:
+            out.append((0, cut, 0, self.shared, None))
+        for s, e in self._groups:
+            a = int(torch.searchsorted(idx, torch.tensor(s, device=idx.device)))
+            b = int(torch.searchsorted(idx, torch.tensor(e, device=idx.device)))
+            if b > a:
+                q = idx[a:b]
+                keys = torch.cat((torch.arange(self.shared, device=idx.device),
+                                  torch.arange(s, e, device=idx.device)))
+                mask = ((self.pos[keys].unsqueeze(0) <= self.pos[q].unsqueeze(1))
+                        & ((self.block[keys].unsqueeze(0) == 0)
+                           | (self.block[keys].unsqueeze(0) == self.block[q].unsqueeze(1))))
+                out.append((a, b, s, e, mask))
+        return out
+
+
+def attend_layout(model: Transformer, q_rot: torch.Tensor, idx: torch.Tensor,
+                  k_rot: torch.Tensor, v: torch.Tensor, layout: Layout, plan) -> torch.Tensor:
+    """Attention of the queries at slots idx [n] (rotated [H, n, D]) over every slot's rotated
+    keys / values [H_kv, N, D] as the layout allows. Returns [H, n, D]."""
+    if not layout.blocks:
+        return model.attend(q_rot, idx, k_rot, v)
+    gqa = model.arch.num_heads != model.arch.num_kv_heads
+    parts = []
+    for a, b, s, e, mask in plan:
+        if mask is None:
+            parts.append(model.attend(q_rot[:, a:b], idx[a:b], k_rot[:, :e], v[:, :e]))
+            continue
+        keys = torch.cat((k_rot[:, :layout.shared], k_rot[:, s:e]), dim=1)
+        vals = torch.cat((v[:, :layout.shared], v[:, s:e]), dim=1)
+        parts.append(torch.nn.functional.scaled_dot_product_attention(
+            q_rot[:, a:b].unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0), attn_mask=mask,
+            enable_gqa=gqa).squeeze(0))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 @dataclass
@@ -41,84 +133,116 @@ class PrefillInputs:
     # KV and returns layer l's keys already rotated to their positions (the gather thread
     # rotates them while earlier layers compute), or None when nothing was prepared.
     layer: Callable[[int], torch.Tensor | None] | None = None
+    layout: Layout | None = None  # None: one causal sequence (slot index == position)
+
+    def __post_init__(self):
+        if self.layout is None:
+            self.layout = Layout.causal(self.ids.shape[0], self.ids.device)
 
 
 @dataclass
 class PrefillResult:
-    hidden_last: torch.Tensor          # [d] last position, before the final norm
+    hidden_out: torch.Tensor           # [K, d] the layout's output slots, before the final norm
     computed: torch.Tensor             # [N] bool: computed at layers >= 1
     layer0_computed: int               # tokens computed at layer 0
     flops: float                       # FLOPs actually done
     full_flops: float                  # FLOPs of a full recompute of the same prompt
 
+    @property
+    def hidden_last(self) -> torch.Tensor:
+        """[d] the last output slot (the listwise prompt's last position)."""
+        return self.hidden_out[-1]
+
 
 def _layer(model: Transformer, layer: int, h: torch.Tensor, idx: torch.Tensor,
-           inp: PrefillInputs, k_rot_pos: torch.Tensor, qkv=None) -> torch.Tensor:
+           inp: PrefillInputs, plan, qkv=None) -> torch.Tensor:
     q, k, v = qkv if qkv is not None else model.qkv(layer, h)
+    pos = inp.layout.pos
     k_rot = inp.layer(layer) if inp.layer is not None else None
     inp.k_buf[layer][:, idx] = k
     inp.v_buf[layer][:, idx] = v
+    q_pos = pos[idx]
     if k_rot is None:
-        k_rot = model.rope(inp.k_buf[layer], k_rot_pos)
+        k_rot = model.rope(inp.k_buf[layer], pos)
     else:  # reused keys arrive rotated; only the recomputed ones are rotated here
-        k_rot[:, idx] = model.rope(k, idx)
-    attn = model.attend(model.rope(q, idx), idx, k_rot, inp.v_buf[layer])
+        k_rot[:, idx] = model.rope(k, q_pos)
+    attn = attend_layout(model, model.rope(q, q_pos), idx, k_rot, inp.v_buf[layer],
+                         inp.layout, plan)
     return model.finish(layer, h, attn)
 
 
-def _attention_mass(model: Transformer, q: torch.Tensor, q_pos: torch.Tensor,
-                    k_rot: torch.Tensor) -> torch.Tensor:
-    """Attention probability mass each key receives from the last queries: [N]."""
+def _attention_mass(model: Transformer, q: torch.Tensor, idx: torch.Tensor,
+                    k_rot: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Attention probability mass each key receives from the last MASS_QUERIES queries (with
+    blocks: each block's answer slot) among the queries q [H, n, D] at slots idx: [N]."""
     a = model.arch
-    qs, ps = q[:, -MASS_QUERIES:], q_pos[-MASS_QUERIES:]
+    if layout.blocks:
+        rows = torch.searchsorted(idx, layout.outputs)  # outputs are fresh: always queried
+    else:
+        rows = torch.arange(max(0, len(idx) - MASS_QUERIES), len(idx), device=idx.device)
+    qs = q[:, rows]
     k = k_rot.repeat_interleave(a.num_heads // a.num_kv_heads, dim=0)   # [H, N, D]
     scores = torch.matmul(qs, k.transpose(1, 2)) * model.scale()      # [H, q, N]
-    mask = torch.arange(k.shape[1], device=k.device).unsqueeze(0) > ps.unsqueeze(1)
-    scores.masked_fill_(mask, float("-inf"))
+    scores.masked_fill_(~layout.visible(idx[rows]), float("-inf"))
     return torch.softmax(scores, dim=-1).sum(dim=(0, 1))
 
 
 def _count_flops(model: Transformer, n: int, computed: torch.Tensor, l0: torch.Tensor,
-                 probe_tokens: int) -> tuple[float, float]:
+                 probe_tokens: int, layout: Layout, outputs: int) -> tuple[float, float]:
+    """(FLOPs done, FLOPs of a full recompute). A slot at position p sees p + 1 keys in every
+    layout (blocks start right after the shared part)."""
     a = model.arch
     per_layer_linear = a.params_per_token_flops() / a.num_layers
-    pos = torch.nonzero(computed).squeeze(1)
-    pos0 = torch.nonzero(l0).squeeze(1)
+    pos = layout.pos[computed]
+    pos0 = layout.pos[l0]
     pairs = float((pos + 1).sum())
     pairs0 = float((pos0 + 1).sum())
     per_layer_attn = a.attention_flops(1) / a.num_layers
     qkv_linear = 2 * a.hidden_size * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
-    head = 2 * a.hidden_size * a.vocab_size
+    head = 2 * a.hidden_size * a.vocab_size * outputs
     done = (per_layer_linear * (len(pos0) + (a.num_layers - 1) * len(pos))
             + per_layer_attn * (pairs0 + (a.num_layers - 1) * pairs)
             + qkv_linear * probe_tokens + head)
-    full = a.params_per_token_flops() * n + a.attention_flops(n * (n + 1) // 2) + head
+    full = (a.params_per_token_flops() * n
+            + per_layer_attn * a.num_layers * float((layout.pos + 1).sum()) + head)
     return done, full
 
 
-@torch.inference_mode()
-def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> PrefillResult:
-    """Runs the selective prefill; mutates inp.k_buf/v_buf into the prompt's final KV."""
+def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
+            grad: bool = False) -> PrefillResult:
+    """Runs the selective prefill; mutates inp.k_buf/v_buf into the prompt's final KV.
+
+    grad=True keeps the autograd graph (fine-tuning); k_buf / v_buf may then be per-layer
+    lists, so that writing one layer's KV never invalidates a tensor an earlier layer saved.
+    """
+    with nullcontext() if grad else torch.inference_mode():
+        return _prefill(model, inp, policy)
+
+
+def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> PrefillResult:
     n = inp.ids.shape[0]
     if n == 0:
         raise ValueError("empty prompt")
-    pos_all = torch.arange(n, device=inp.ids.device)
+    layout = inp.layout
+    pos_all = layout.pos
     fresh = ~inp.have_kv
+    if not bool(fresh[layout.outputs].all()):
+        raise ValueError("every output slot must be fresh (it produces a score)")
     probe = policy.needs_probe and bool((inp.have_kv & ~inp.exact_kv).any())
     layer0 = ~inp.exact_kv if probe else (fresh | policy.static_set(inp))
     idx = torch.nonzero(layer0).squeeze(1)
-    if int(idx[-1]) != n - 1:
-        raise ValueError("the last token must be fresh (it produces the output)")
     h = model.embed(inp.ids[idx])
     for layer in (0, 1) if inp.layer is not None else ():
         inp.layer(layer)  # the probe reads layers 0 and 1 whole (unrotated copies suffice)
+    plan = layout.plan(idx)
     q, k, v = model.qkv(0, h)
     inp.k_buf[0][:, idx] = k
     inp.v_buf[0][:, idx] = v
     k_rot = model.rope(inp.k_buf[0], pos_all)
-    q_rot = model.rope(q, idx)
-    attn = model.attend(q_rot, idx, k_rot, inp.v_buf[0])
-    mass = _attention_mass(model, q_rot, idx, k_rot) if probe and 0 in policy.mass_layers() else None
+    q_rot = model.rope(q, pos_all[idx])
+    attn = attend_layout(model, q_rot, idx, k_rot, inp.v_buf[0], layout, plan)
+    mass = (_attention_mass(model, q_rot, idx, k_rot, layout)
+            if probe and 0 in policy.mass_layers() else None)
     h = model.finish(0, h, attn)
     start, qkv1, probe_tokens = 1, None, 0
     if probe:
@@ -131,18 +255,22 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> 
         dev[r_pos] = (dk + dv).sqrt()
         mass1 = None
         if 1 in policy.mass_layers():
-            # layer-1 heavy hitters: the last queries over layer-1 keys as the probe made them
+            # layer-1 heavy hitters: the answer queries over layer-1 keys as the probe made them
             k1_all = inp.k_buf[1].clone()
             k1_all[:, idx] = k1
-            mass1 = _attention_mass(model, model.rope(q1, idx), idx, model.rope(k1_all, pos_all))
+            mass1 = _attention_mass(model, model.rope(q1, pos_all[idx]), idx,
+                                    model.rope(k1_all, pos_all), layout)
         chosen = policy.select(inp, Probe(deviation=dev, mass=mass, mass1=mass1)) | fresh
         keep = chosen[idx]
         probe_tokens = len(idx)
         idx, h = idx[keep], h[keep]
         qkv1 = (q1[:, keep], k1[:, keep].contiguous(), v1[:, keep].contiguous())
+        plan = layout.plan(idx)
     computed = torch.zeros(n, dtype=torch.bool, device=h.device)
     computed[idx] = True
     for layer in range(start, model.arch.num_layers):
-        h = _layer(model, layer, h, idx, inp, pos_all, qkv1 if layer == 1 else None)
-    flops, full = _count_flops(model, n, computed, layer0, probe_tokens)
-    return PrefillResult(h[-1], computed, int(layer0.sum()), flops, full)
+        h = _layer(model, layer, h, idx, inp, plan, qkv1 if layer == 1 else None)
+    flops, full = _count_flops(model, n, computed, layer0, probe_tokens, layout,
+                               len(layout.outputs))
+    rows = torch.searchsorted(idx, layout.outputs)
+    return PrefillResult(h[rows], computed, int(layer0.sum()), flops, full)

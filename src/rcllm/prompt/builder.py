@@ -69,13 +69,30 @@ class Prompt:
     candidates: tuple[ItemId, ...]
     label_token_ids: tuple[int, ...]  # verbalizer tokens, one per candidate, in candidate order
     truncated_history: int = 0        # entries dropped (older than the window)
+    # pointwise: one block of segments per candidate after the shared segments, each seeing
+    # those and itself only (prefill.selective.Layout); empty for the listwise prompt
+    blocks: list[list[Segment]] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
+        """The shared segments' ids (the whole prompt when there are no blocks)."""
         return [t for s in self.segments for t in s.token_ids]
 
     def __len__(self) -> int:
         return sum(len(s.token_ids) for s in self.segments)
+
+    def slot_segments(self) -> list[Segment]:
+        """Every segment in KV-slot order: the shared ones, then each block's."""
+        return self.segments + [s for b in self.blocks for s in b]
+
+    def block_ranges(self) -> list[tuple[int, int]]:
+        """Slot ranges [start, end) of the blocks."""
+        out, at = [], len(self)
+        for b in self.blocks:
+            n = sum(len(s.token_ids) for s in b)
+            out.append((at, at + n))
+            at += n
+        return out
 
 
 def item_text(item: Item) -> str:

@@ -1,13 +1,17 @@
-"""The pointwise (TALLRec-style) prompt: user side first, then one short suffix per candidate.
+"""The pointwise (TALLRec-style) prompt: the user side, then one block per candidate.
 
     user side  = [instruction] ([bullet][history chunk])*
-    candidate  = "\n\nWill I like" [title] "? Answer:"        → next token " Yes" or " No"
+    block      = "\n\nWill I like" [item chunk] "? Answer:"      → next token " Yes" or " No"
 
-History chunks use `PromptBuilder.history_chunk` (the same text and token limits as the
-listwise prompt). Each piece is tokenised on its own and the ids concatenated, so the user side
-of a longer history is the user side of the shorter one plus the new chunks: that is what makes
-an incremental append equal to a fresh compute. The candidate suffix carries the item title
-only (at most `MAX_TITLE_TOKENS`), so the per-candidate work stays small next to the prefix.
+History chunks use `PromptBuilder.history_chunk` and item chunks `PromptBuilder.item_chunk`
+(the same text and token limits as the listwise prompt). Each piece is tokenised on its own and
+the ids concatenated, so the user side of a longer history is the user side of the shorter one
+plus the new chunks (an incremental append equals a fresh compute), and an item chunk's ids are
+the same in every block. All blocks start right after the user side and see it and themselves
+only (`prefill.selective.Layout`), so an item chunk's KV can come from the chunk store — built
+after the instruction and the block head, its template context — like in the listwise prompt.
+The fixed text of a block (head + tail) is computed for every candidate of every request, so it
+is kept to a few tokens.
 """
 
 from __future__ import annotations
@@ -22,12 +26,11 @@ from ..records import HistoryEntry, ItemId, UserId
 
 INSTRUCTION = (
     "<|im_start|>system\nYou are a recommender system. You read a user's past reviews and "
-    "answer whether the user will like one item, with Yes or No.<|im_end|>\n"
+    "answer whether the user will like an item, with Yes or No.<|im_end|>\n"
     "<|im_start|>user\nMy past reviews, oldest first:")
-QUESTION_HEAD = "\n\nWill I like"
-QUESTION_TAIL = "? Answer Yes or No.<|im_end|>\n<|im_start|>assistant\nAnswer:"
+BLOCK_HEAD = "\n\nWill I like"
+BLOCK_TAIL = "? Answer:"
 YES, NO = " Yes", " No"
-MAX_TITLE_TOKENS = 24
 
 
 def history_hash(history: Sequence[HistoryEntry]) -> str:
@@ -55,8 +58,8 @@ class PointwisePrompt:
         self.builder = builder
         self.max_prefix_tokens = max_prefix_tokens
         self._instruction = self._encode(INSTRUCTION)
-        self._head = self._encode(QUESTION_HEAD)
-        self._tail = self._encode(QUESTION_TAIL)
+        self._head = self._encode(BLOCK_HEAD)
+        self._tail = self._encode(BLOCK_TAIL)
         self.yes_id = self._single(YES)
         self.no_id = self._single(NO)
 
@@ -68,6 +71,11 @@ class PointwisePrompt:
         if len(ids) != 1:
             raise RcllmError(f"{text!r} is not a single token for this tokenizer")
         return ids[0]
+
+    def context_ids(self, kind: str) -> tuple[int, ...]:
+        """The dynamic text right before a chunk of `kind` (its KV is built after the
+        instruction and this): the block head for items, the bullet for history entries."""
+        return self._head if kind == "item" else self.builder.context_ids("history")
 
     def history_ids(self, entries: Sequence[HistoryEntry]) -> tuple[int, ...]:
         """The ids that `entries` add to a user side (bullet + chunk each)."""
@@ -86,45 +94,35 @@ class PointwisePrompt:
                              f"the limit of {self.max_prefix_tokens}; shorten the history")
         return UserSide(user_id, ids, history_hash(history), len(history))
 
-    def prompt(self, req) -> tuple["Prompt", list[tuple[int, ...]]]:
-        """The engine's pointwise prompt of a RankRequest as typed segments — the user side
+    def prompt(self, req) -> "Prompt":
+        """The engine's pointwise prompt of a RankRequest: the user side as typed segments
         (instruction, then bullet + history chunk of each of the last `history_window`
-        entries) and the shared question head — and `title_ids(c)` of every candidate, the
-        suffixes scored after it. Token for token, prompt + suffix is `user_side(...).ids +
-        candidate_ids(c)`. RcllmError for bad input."""
+        entries) and one block per candidate (head, item chunk, tail). Token for token, user
+        side + block is `user_side(...).ids + candidate_ids(c)`. RcllmError for bad input."""
         from ..prompt.builder import Prompt, Segment
 
         self.builder.validate(req)
         history, dropped = self.builder.history_segments(req.history)
-        segs = [Segment("instruction", self._instruction), *history,
-                Segment("question", self._head)]
-        out = Prompt(segs, tuple(req.candidates), (), dropped)
-        suffixes = [self.title_ids(c) for c in req.candidates]
-        total = len(out) + max(len(s) for s in suffixes)
+        segs = [Segment("instruction", self._instruction), *history]
+        blocks = [[Segment("dynamic", self._head),
+                   Segment("item", self.builder.item_chunk(c), c),
+                   Segment("question", self._tail)] for c in req.candidates]
+        out = Prompt(segs, tuple(req.candidates), (), dropped, blocks)
+        total = len(out) + max(sum(len(s.token_ids) for s in b) for b in blocks)
         if total > self.max_prefix_tokens:
             raise RcllmError(f"the pointwise prompt has {total} tokens, over the limit of "
                              f"{self.max_prefix_tokens}; lower prompt.history_window or "
                              "prompt.max_review_tokens")
-        return out, suffixes
+        return out
+
+    build = prompt  # the name PromptBuilder uses: both are a scorer's prompt source
 
     @property
     def instruction_ids(self) -> tuple[int, ...]:
         return self._instruction
 
-    @property
-    def head_ids(self) -> tuple[int, ...]:
-        """The question head every candidate suffix starts with ("\n\nWill I like")."""
-        return self._head
-
     def candidate_ids(self, item_id: ItemId) -> tuple[int, ...]:
-        """The suffix scored for one candidate; RcllmError for an unknown item."""
-        return self._head + self.title_ids(item_id)
-
-    def title_ids(self, item_id: ItemId) -> tuple[int, ...]:
-        """The candidate suffix without its head: title + question tail (the engine's
-        pointwise scorer keeps the shared head in the user side, so only these differ)."""
-        item = self.builder.catalog.get(item_id)
-        if item is None:
+        """One candidate's block: head + item chunk + tail; RcllmError for an unknown item."""
+        if item_id not in self.builder.catalog:
             raise RcllmError(f"unknown candidate item id {item_id!r}")
-        title = item.title.strip() or f"item {item_id}"
-        return self._encode(" " + title)[:MAX_TITLE_TOKENS] + self._tail
+        return self._head + self.builder.item_chunk(item_id) + self._tail
