@@ -5,27 +5,14 @@ alpha, rank or scale changes every key."""
 import dataclasses
 import json
 
-import torch
+from kv_helpers import write_adapter
 
 from rcllm.config import ModelConfig
-from rcllm.finetune.adapter import save_adapter
 from rcllm.model.loading import load_model
 
 
 def _cfg(tiny_model_dir, **kw):
     return ModelConfig(path=str(tiny_model_dir), threads=0, **kw)
-
-
-def _adapter(folder, loaded, tiny_model_dir, scale=0.5, alpha=1.0, rank=2):
-    hidden = json.loads((tiny_model_dir / "config.json").read_text())["hidden_size"]
-    g = torch.Generator().manual_seed(0)
-    name = "model.layers.0.self_attn.o_proj"
-    factors = {name + ".lora_A": torch.randn(rank, hidden, generator=g),
-               name + ".lora_B": torch.randn(hidden, rank, generator=g)}
-    save_adapter(folder, factors, {"base_fingerprint": loaded.fingerprint, "rank": rank,
-                                   "alpha": alpha, "scale": scale, "targets": ["o"],
-                                   "first_layer": 0})
-    return folder
 
 
 def test_dtype_is_part_of_the_fingerprint(tiny_model_dir):
@@ -38,7 +25,7 @@ def test_dtype_is_part_of_the_fingerprint(tiny_model_dir):
 
 def test_adapter_alpha_rank_scale_and_dtype_change_the_fingerprint(tiny_model_dir, tmp_path):
     base = load_model(_cfg(tiny_model_dir))
-    folder = _adapter(tmp_path / "a", base, tiny_model_dir)
+    folder = write_adapter(tmp_path / "a", base, tiny_model_dir)
     tuned = load_model(_cfg(tiny_model_dir, adapter=str(folder)))
     assert tuned.fingerprint != base.fingerprint
     manifest_path = folder / "adapter.json"
@@ -59,6 +46,6 @@ def test_adapter_alpha_rank_scale_and_dtype_change_the_fingerprint(tiny_model_di
 
 def test_adapter_trained_in_bfloat16_loads_in_float32(tiny_model_dir, tmp_path):
     trained_in = load_model(_cfg(tiny_model_dir, dtype="bfloat16"))
-    folder = _adapter(tmp_path / "b", trained_in, tiny_model_dir)
+    folder = write_adapter(tmp_path / "b", trained_in, tiny_model_dir)
     served = load_model(dataclasses.replace(_cfg(tiny_model_dir), adapter=str(folder)))
     assert served.fingerprint != load_model(_cfg(tiny_model_dir)).fingerprint

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..config import RcllmConfig, ReuseConfig
+from ..config import RcllmConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,18 +22,37 @@ class Adopted:
     adapter: str | None
 
 
-def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None) -> Adopted:
+def method_chosen(config: str | None, overrides) -> bool:
+    """Whether reuse.method was set by the user (`--set reuse.method=...` or the YAML file)."""
+    if any(o.split("=", 1)[0].strip() == "reuse.method" for o in overrides):
+        return True
+    if not config:
+        return False
+    import yaml
+
+    try:
+        with open(config, encoding="utf-8") as fh:
+            tree = yaml.safe_load(fh) or {}
+    except (OSError, yaml.YAMLError):
+        return False          # engine_config() reports the file's problem
+    reuse = tree.get("reuse") if isinstance(tree, dict) else None
+    return (isinstance(reuse, dict) and "method" in reuse) or "reuse.method" in tree
+
+
+def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
+                  keep_method: bool = False) -> Adopted:
     """`cfg` with the adapter at `adapter` (else model.adapter) set, its prompt settings and —
-    unless reuse.method was set explicitly — the method it was trained for; the scorer is
-    `scorer` when given, else the adapter's, else the verbalizer. Raises RcllmError for an
-    unreadable adapter or conflicting prompt settings (see finetune.adapter.eval_settings)."""
+    unless `keep_method` (the user chose reuse.method, see `method_chosen`) — the method it was
+    trained for; the scorer is `scorer` when given, else the adapter's, else the verbalizer.
+    Raises RcllmError for an unreadable adapter or conflicting prompt settings (see
+    finetune.adapter.eval_settings)."""
     path = adapter or cfg.model.adapter or None
     if not path:
         return Adopted(cfg, scorer or "verbalizer", None)
     from ..finetune.adapter import eval_settings, trained_method, trained_scorer
 
     cfg, _fractions, _seed = eval_settings(cfg, path)
-    if cfg.reuse.method == ReuseConfig().method:
+    if not keep_method:
         cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse,
                                                                  method=trained_method(path)))
     return Adopted(cfg, scorer or trained_scorer(path), str(path))

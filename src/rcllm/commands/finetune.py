@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
 import time
 from pathlib import Path
+
+from ..errors import RcllmError
+
+# what `rcllm finetune` writes into an adapter folder: --fresh removes these and nothing else
+ADAPTER_FILES = ("adapter.json", "adapter.safetensors")
+CHECKPOINT_FILES = ("checkpoint/state.json", "checkpoint/state.safetensors")
 
 
 def _describe() -> list[str]:
@@ -40,7 +46,8 @@ def register(top, bench) -> None:
     p.add_argument("--out", metavar="DIR", help="adapter folder (default: the cache folder "
                                                 "keyed by model, data and options)")
     p.add_argument("--fresh", action="store_true",
-                   help="discard a checkpoint or finished adapter in the folder and start over")
+                   help="discard a checkpoint or finished adapter in the folder and start over (only the "
+                        "files finetune writes; a folder that is not an adapter folder is refused)")
     p.set_defaults(func=run)
 
 
@@ -53,14 +60,16 @@ def run(args) -> int:
     from ..model.loading import load_model
     from .common import load_data
 
+    if args.fresh and args.out:
+        check_discardable(Path(args.out))   # before minutes of loading, not after
     cfg = load(FinetuneConfig, args.config, args.overrides)
     ds = load_data(args)
     train_users, _, _ = split_users(ds, cfg.train.fractions, cfg.train.split_seed)
     loaded = load_model(cfg.model)
     key = run_key(loaded.fingerprint, dataset_digest(ds), cfg)
     folder = Path(args.out) if args.out else adapter_folder(cfg, key)
-    if args.fresh and folder.exists():
-        shutil.rmtree(folder)
+    if args.fresh:
+        discard_run(folder)
     if finished(folder):
         print(f"already trained: {folder}")
     else:
@@ -71,6 +80,53 @@ def run(args) -> int:
     _summary(folder)
     print(f"use it: rcllm eval --adapter {folder} --data ... --users test --baselines")
     return 0
+
+
+def _is_ours(folder: Path) -> bool:
+    """True when `folder` holds an rcllm adapter manifest or training checkpoint."""
+    from ..finetune.adapter import read_manifest
+
+    try:
+        read_manifest(folder)
+        return True
+    except RcllmError:
+        pass
+    try:
+        state = json.loads((folder / CHECKPOINT_FILES[0]).read_text())
+        return isinstance(state, dict) and "key" in state and "step" in state
+    except (OSError, ValueError):
+        return False
+
+
+def check_discardable(folder: Path) -> None:
+    """Raises RcllmError unless `folder` is absent, empty, or an rcllm adapter/checkpoint
+    folder (so `--fresh --out ~` can never delete a user's files)."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise RcllmError(f"--out {folder} is not a folder")
+    if any(folder.iterdir()) and not _is_ours(folder):
+        raise RcllmError(f"--fresh: {folder} is not an rcllm adapter or checkpoint folder (no "
+                         f"adapter.json or checkpoint/state.json); refusing to delete anything "
+                         f"in it. Give a new or empty folder to --out.")
+
+
+def discard_run(folder: Path) -> None:
+    """Removes the adapter and checkpoint files `rcllm finetune` wrote in `folder` (and the
+    folders, when that leaves them empty); any other file is kept."""
+    check_discardable(folder)
+    if not folder.exists():
+        return
+    for name in ADAPTER_FILES + CHECKPOINT_FILES:
+        path = folder / name
+        path.unlink(missing_ok=True)
+        for tmp in path.parent.glob(f".{path.name}*"):   # write_atomic's leftovers of a crash
+            tmp.unlink(missing_ok=True)
+    for sub in (folder / "checkpoint", folder):
+        try:
+            sub.rmdir()          # only when empty
+        except OSError:
+            pass
 
 
 def _summary(folder: Path) -> None:

@@ -79,10 +79,11 @@ def kv_dir_of(args, cfg) -> str | None:
 
 def run(args) -> int:
     from ..kvstore.wiring import close_store, tiers
-    from .engine_setup import adopt_adapter, make_stored_engine
+    from .engine_setup import adopt_adapter, make_stored_engine, method_chosen
 
     req, method, overrides = parse_request(args.request)
-    adopted = adopt_adapter(engine_config(args), args.adapter, args.scorer)
+    adopted = adopt_adapter(engine_config(args), args.adapter, args.scorer,
+                            keep_method=method_chosen(args.config, args.overrides))
     ds = load_data(args)
     kv_dir = kv_dir_of(args, adopted.cfg)
     engine = make_stored_engine(adopted.cfg, ds.items, adopted.scorer, kv_dir)

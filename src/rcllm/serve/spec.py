@@ -33,9 +33,10 @@ class EngineSpec:
     def engine_config(self):
         """(config, scorer) with the adapter adopted (prompt settings, default method)."""
         from ..commands.common import engine_config
-        from ..commands.engine_setup import adopt_adapter
+        from ..commands.engine_setup import adopt_adapter, method_chosen
 
-        adopted = adopt_adapter(engine_config(self._args()), self.adapter, self.scorer)
+        adopted = adopt_adapter(engine_config(self._args()), self.adapter, self.scorer,
+                                keep_method=method_chosen(self.config, self.overrides))
         return adopted.cfg, adopted.scorer
 
     def build(self):
