@@ -125,3 +125,36 @@ def test_client_reviews_cannot_evict_catalog_items(tiny_model_dir, synthetic, ra
         assert history.evictions > 0 and history.nbytes <= items_bytes // 20
     finally:
         host.close()
+
+
+def test_corrupt_disk_entry_is_recomputed_and_counted_in_metrics(tiny_model_dir, synthetic,
+                                                                 rank_bodies, tmp_path):
+    from rcllm.kvstore.wiring import close_store
+
+    cfg = RcllmConfig(model=ModelConfig(path=str(tiny_model_dir), threads=0))
+    kv = tmp_path / "kv"
+    builder = make_stored_engine(cfg, dict(synthetic.items), kv_dir=kv)
+    body = {**rank_bodies[1], "method": "naive"}
+    builder.build_items(body["candidates"])
+    close_store(builder.store)                   # on disk; its slot is free again
+    entry = sorted(kv.rglob("*.rckv"))[0]
+    entry.write_bytes(entry.read_bytes()[:-9])   # a torn write
+    engine = make_stored_engine(cfg, dict(synthetic.items), kv_dir=kv,
+                                history_bytes=64 << 20)
+    backend = LocalBackend(engine, queue_size=2)
+    running = start_in_thread(create_app(backend, ServeSettings(queue_size=2)))
+    try:
+        with httpx.Client(base_url=running.url, timeout=60) as c:
+            out = c.post("/v1/rank", json=body).json()
+            n_items = len(body["candidates"])
+            assert out["stats"]["reused_tokens"]["item"] > 0
+            text = c.get("/metrics").text
+            assert 'rcllm_kv_tier_corrupt_total{tier="disk"} 1.0' in text
+            assert f'rcllm_kv_tier_hits_total{{tier="disk"}} {n_items - 1}.0' in text
+            assert 'rcllm_kv_tier_bytes{tier="memory-history"}' in text
+            engine.store.flush()                 # the recomputed chunk is stored again
+            assert len(engine.store.lower[0]) >= n_items
+            again = c.post("/v1/rank", json=body).json()
+            assert again["stats"]["chunk_misses"] == 0
+    finally:
+        running.stop()

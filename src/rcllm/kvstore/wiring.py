@@ -72,6 +72,40 @@ def attach_check(store, check: KeyCheck) -> int:
     return n
 
 
+TIER_COUNTERS = ("hits", "misses", "corrupt", "rejected", "evictions", "errors")
+
+
+def tier_stats(store) -> dict[str, dict[str, int]]:
+    """Counters, bytes and entries of every leaf tier of `store`, by tier name (memory,
+    memory-<kind> for a partitioned memory tier, disk, redis; a repeated name gets -<n>)."""
+    out: dict[str, dict[str, int]] = {}
+
+    def add(name: str, tier) -> None:
+        row = {c: int(getattr(tier, c)) for c in TIER_COUNTERS if hasattr(tier, c)}
+        row["bytes"], row["entries"] = int(tier.nbytes), len(tier)
+        key, n = name, 1
+        while key in out:
+            n += 1
+            key = f"{name}-{n}"
+        out[key] = row
+
+    def walk(s, name: str) -> None:
+        if isinstance(s, PartitionedStore):
+            walk(s.default, name)
+            for kind, part in s.partitions.items():
+                walk(part, f"{name}-{kind}")
+        elif hasattr(s, "memory") and hasattr(s, "lower"):     # TieredStore
+            walk(s.memory, "memory")
+            for tier in s.lower:
+                walk(tier, "disk" if hasattr(tier, "slot") else
+                     "redis" if hasattr(tier, "client") else type(tier).__name__.lower())
+        else:
+            add(name, s)
+
+    walk(store, "memory")
+    return out
+
+
 def close_store(store) -> None:
     """Drains write-behind (TieredStore) and releases disk slots; safe on any store."""
     for s in tiers(store):

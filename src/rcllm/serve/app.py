@@ -60,7 +60,8 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
 
     app = FastAPI(title="rcllm", version="0.1.0", lifespan=lifespan,
                   description="LLM recommendation ranking with beyond-prefix KV reuse")
-    metrics = Metrics(backend.queue_depth, backend.pending)
+    metrics = Metrics(backend.queue_depth, backend.pending,
+                      getattr(backend, "store_stats", None))
     app.state.metrics = metrics
     _install_handlers(app, metrics)
 

@@ -37,6 +37,12 @@ class LocalBackend:
     def pending(self) -> int:
         return self.host.pending()
 
+    def store_stats(self) -> dict[str, dict[str, int]]:
+        """Per-tier chunk-store counters (for /metrics)."""
+        from ..kvstore.wiring import tier_stats
+
+        return tier_stats(self.host.engine.store)
+
     def ready(self) -> bool:
         return True
 

@@ -3,7 +3,9 @@
 Names (all prefixed `rcllm_`): requests_total{endpoint,status}, rejected_total (429),
 ttft_seconds (histogram), recomputed_fraction (histogram), chunk_lookups_total{result},
 chunk_hit_ratio (cumulative, gauge), reused_tokens_total{kind}, recomputed_tokens_total{kind},
-queue_depth (gauge), item_builds_pending (gauge).
+queue_depth (gauge), item_builds_pending (gauge); per chunk-store tier (label `tier`: memory,
+memory-history, disk, redis): kv_tier_{hits,misses,corrupt,rejected,evictions,errors}_total and
+kv_tier_{bytes,entries} (gauges), read from the store when scraped.
 """
 
 from __future__ import annotations
@@ -11,13 +13,35 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+class TierCollector:
+    """Per-tier store counters at scrape time, from `stats()` = kvstore.wiring.tier_stats."""
+
+    def __init__(self, stats: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.stats = stats
+
+    def collect(self):
+        rows = self.stats()
+        names = sorted({k for row in rows.values() for k in row})
+        for name in names:
+            kind = GaugeMetricFamily if name in ("bytes", "entries") else CounterMetricFamily
+            family = kind(f"rcllm_kv_tier_{name}", f"chunk store {name} per tier", labels=["tier"])
+            for tier, row in rows.items():
+                if name in row:
+                    family.add_metric([tier], row[name])
+            yield family
+
+
 class Metrics:
-    def __init__(self, queue_depth: Callable[[], int], pending: Callable[[], int]) -> None:
+    def __init__(self, queue_depth: Callable[[], int], pending: Callable[[], int],
+                 store_stats: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         r = self.registry = CollectorRegistry()
+        if store_stats is not None:
+            r.register(TierCollector(store_stats))
         self.requests = Counter("rcllm_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
         self.rejected = Counter("rcllm_rejected", "requests refused with 429 (queue full)",
