@@ -6,7 +6,7 @@ import pytest
 from rcllm.cli import main
 from rcllm.errors import RcllmError
 from rcllm.schedule.fit import fit_cpu_profile, predict_ms
-from rcllm.schedule.validate import load_bench_requests, validate
+from rcllm.schedule.validate import load_bench_requests, validate, validate_transfer
 
 TRUE = {"fixed": 30.0, "per_token": 2.0, "per_pair": 4e-4,
         "reuse": {"full": 0.0, "prefix": 0.01, "rcllm": 0.15}}
@@ -62,21 +62,28 @@ def test_fit_rejects_too_few_or_bad_points():
         fit_cpu_profile([(5, 2, 3.0)] * 5)   # computed > context
 
 
-def test_validator_on_generated_bench_json(tmp_path):
-    rows, summary = validate(load_bench_requests(str(_bench_json(tmp_path / "b.json"))))
-    assert {r["method"] for r in rows} == {"full", "prefix", "rcllm"}
-    assert all(r["n_fit"] == 30 and r["n_test"] == 30 for r in rows)
-    assert summary["worst_median_rel_err_joint_fit"] < 0.05   # noise is 3%
-    assert summary["pass_joint"] is True
+def test_single_record_method_is_never_tested_on_its_training_point(tmp_path):
+    reqs = json.loads(_bench_json(tmp_path / "b.json", n=10).read_text())["requests"]
+    reqs.append({"method": "naive", "context_tokens": 2000, "recomputed_tokens": 100,
+                 "reused_tokens": 1900, "ttft_ms": 500.0})
+    rows, summary = validate(reqs)
+    naive = [r for r in rows if r["method"] == "naive"]
+    assert len(naive) == 2 and all(r["n_fit"] == 1 and r["n_test"] == 0 for r in naive)
+    assert all(r["median_rel_err"] is None for r in naive)
+    assert summary["untested_methods"] == ["naive"]
+    others = [r for r in rows if r["method"] != "naive"]
+    assert all(r["n_fit"] == 5 and r["n_test"] == 5 for r in others)
 
 
-def test_validate_cli_writes_report(tmp_path, capsys):
-    out = tmp_path / "v.json"
-    assert main(["sim", "validate", "--bench-json", str(_bench_json(tmp_path / "b.json")),
-                 "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert report["name"] == "sim.validate" and len(report["rows"]) == 6
-    assert "median relative error" in capsys.readouterr().out
+def test_transfer_needs_a_fitted_method_for_per_method_rows(tmp_path):
+    reqs = json.loads(_bench_json(tmp_path / "b.json", n=10).read_text())["requests"]
+    fit = [r for r in reqs if r["method"] != "rcllm"]
+    rows, summary = validate_transfer(fit, reqs)
+    rc = {r["fit"]: r for r in rows if r["method"] == "rcllm"}
+    assert rc["per-method"]["n_fit"] == 0 and rc["per-method"]["median_rel_err"] is None
+    assert rc["joint"]["n_test"] == 10 and rc["joint"]["median_rel_err"] is not None
+    with pytest.raises(RcllmError, match="at least 4"):
+        validate_transfer(fit[:2], reqs)
 
 
 def test_validator_names_missing_fields(tmp_path):

@@ -2,7 +2,7 @@
 
   rcllm sim run cdf|scaling|policy|ratio|all [--out DIR] [--requests N] [--profile P]
                 [--placement community|hash|metis] [--load L] [--data PATH --format FMT]
-  rcllm sim validate --bench-json PATH [--json OUT]
+  rcllm sim validate --bench-json PATH [--fit-json OTHER] [--json OUT]
   rcllm sim profiles [--vidur-dir DIR]
   rcllm sim bench [--requests N] [--instances K]        (also: rcllm bench sim)
 Reports follow rcllm.report's contract; schemas are in docs/simulator.md.
@@ -71,15 +71,30 @@ def _run(args) -> int:
 
 
 def _validate(args) -> int:
-    from ..schedule.validate import load_bench_requests, validate
-    rows, summary = validate(load_bench_requests(args.bench_json), seed=args.seed)
+    from ..schedule.validate import (combine_repeats, load_bench_requests, validate,
+                                     validate_transfer)
+
+    def load(paths: str):  # comma-separated repeated runs of the same requests
+        return combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
+
+    test = load(args.bench_json)
+    if args.fit_json:
+        rows, summary = validate_transfer(load(args.fit_json), test)
+        how = f"fitted on {args.fit_json}, tested on {args.bench_json}"
+    else:
+        rows, summary = validate(test, seed=args.seed)
+        how = f"split-half of {args.bench_json} (seed {args.seed})"
     print(markdown_table(rows, ["fit", "method", "n_fit", "n_test", "median_rel_err",
                                 "p90_rel_err", "measured_p50_ms", "predicted_p50_ms"]))
-    print(f"worst median relative error: joint fit {summary['worst_median_rel_err_joint_fit']:.3f}"
-          f", per-method fit {summary['worst_median_rel_err_per_method_fit']:.3f} "
-          f"(target <= {summary['target']})")
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"{how}\nworst median relative error: joint fit "
+          f"{fmt(summary['worst_median_rel_err_joint_fit'])}, per-method fit "
+          f"{fmt(summary['worst_median_rel_err_per_method_fit'])} (target <= {summary['target']})"
+          + (f"; not tested: {', '.join(summary['untested_methods'])}"
+             if summary["untested_methods"] else ""))
     if args.json:
         write_report(args.json, "sim.validate", {"bench_json": args.bench_json,
+                                                 "fit_json": args.fit_json or None,
                                                  "seed": args.seed}, rows, summary)
     return 0
 
@@ -168,7 +183,12 @@ def register(top, bench) -> None:
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_run)
     val = sub.add_parser("validate", help="cost-model error against `rcllm bench ttft --json`")
-    val.add_argument("--bench-json", required=True)
+    val.add_argument("--bench-json", required=True,
+                     help="the run whose TTFTs are predicted; comma-separated repeated runs of "
+                          "the same requests are merged (per request and variant, the fastest)")
+    val.add_argument("--fit-json", default="",
+                     help="fit the profile on this other run (same comma syntax; default: "
+                          "split-half of --bench-json)")
     val.add_argument("--json", default="", help="write the report here")
     val.add_argument("--seed", type=int, default=0)
     val.set_defaults(func=_validate)
