@@ -60,7 +60,8 @@ def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
 
 def make_stored_engine(cfg: RcllmConfig, items, scorer: str = "verbalizer",
                        kv_dir: str | os.PathLike | None = None,
-                       history_bytes: int | None = None, disk_bytes: int | None = None):
+                       history_bytes: int | None = None, disk_bytes: int | None = None,
+                       redis_url: str | None = None, encoding: str = "raw"):
     """The engine over `items` (a dict it may mutate) on a store per `build_store`, with the
     engine's KeyCheck attached to every tier."""
     from ..engine import Engine
@@ -70,7 +71,7 @@ def make_stored_engine(cfg: RcllmConfig, items, scorer: str = "verbalizer",
 
     loaded = load_model(cfg.model)
     store = build_store(cfg.reuse.store_bytes, kv_dir, disk_bytes or DEFAULT_DISK_BYTES,
-                        history_bytes)
+                        history_bytes, encoding, redis_url)
     engine = Engine(loaded, items, cfg, store=store, scorer=scorer)
     attach_check(store, engine_key_check(engine))
     return engine

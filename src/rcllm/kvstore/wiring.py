@@ -1,7 +1,7 @@
 """The chunk store an engine runs on: tiers put together, and entry checks for its real keys.
 
 `build_store` makes memory (optionally split by chunk kind, so client-supplied reviews have
-their own budget) → local disk (optional). `engine_key_check(engine)` is the `KeyCheck` of an
+their own budget) → local disk → Redis (each optional). `engine_key_check(engine)` is the `KeyCheck` of an
 engine's fingerprint and every kind tag it keys chunks under (`item@<context>`,
 `history@<context>` for each chunk context), and `attach_check` hands it to every tier that
 validates entries. The engine is duck-typed here (this package sits below it).
@@ -164,18 +164,46 @@ class PartitionedStore:
             p.check_invariants()
 
 
+def parse_redis_url(url: str) -> tuple[str, int]:
+    """(host, port) of `redis://host[:port]`; anything else is refused with an RcllmError."""
+    from urllib.parse import urlsplit
+
+    from ..errors import RcllmError
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port = -1
+    if parts.scheme != "redis" or not parts.hostname or port < 1 or parts.username \
+            or parts.password or parts.path not in ("", "/", "/0") or parts.query:
+        raise RcllmError(f"--redis {url!r}: give redis://HOST[:PORT] (database 0, no "
+                         f"password: the Redis tier is for a private, trusted server)")
+    return parts.hostname, port
+
+
 def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
                 disk_bytes: int = DEFAULT_DISK_BYTES, history_bytes: int | None = None,
-                encoding: str = "raw") -> KVStore:
+                encoding: str = "raw", redis_url: str | None = None) -> KVStore:
     """Memory (with a separate `history_bytes` budget for review chunks when given), then a
-    DiskStore at `kv_dir` behind write-behind when given. Attach the engine's KeyCheck once the
-    engine exists (`attach_check(store, engine_key_check(engine))`)."""
+    DiskStore at `kv_dir`, then Redis at `redis_url`, each when given, behind read-through and
+    write-behind (TieredStore). `encoding` ("raw" | "int8") applies to disk and Redis. Attach the
+    engine's KeyCheck once the engine exists (`attach_check(store, engine_key_check(engine))`)."""
     memory: KVStore = MemoryLRUStore(memory_bytes)
     if history_bytes is not None:
         memory = PartitionedStore(memory, {"history": MemoryLRUStore(history_bytes)})
-    if kv_dir is None:
+    lower: list[KVStore] = []
+    if kv_dir is not None:
+        from .disk import DiskStore
+
+        lower.append(DiskStore(kv_dir, disk_bytes, encoding=encoding))
+    if redis_url:
+        from .redis_store import RedisStore
+
+        host, port = parse_redis_url(redis_url)
+        lower.append(RedisStore(host, port, encoding=encoding))
+    if not lower:
         return memory
-    from .disk import DiskStore
     from .tiered import TieredStore
 
-    return TieredStore(memory, [DiskStore(kv_dir, disk_bytes, encoding=encoding)])
+    return TieredStore(memory, lower)

@@ -44,6 +44,14 @@ def register(top, bench) -> None:
                    help="memory budget of review (history) chunk KV, apart from the item KV "
                         "budget reuse.store_bytes, so client reviews cannot evict catalog items "
                         "(default 1 GiB)")
+    p.add_argument("--redis", metavar="URL",
+                   help="Redis tier below memory (and --kv-dir): redis://HOST[:PORT]; shared "
+                        "by every instance; an unreachable server is a miss, never an error")
+    p.add_argument("--redis-local", action="store_true",
+                   help="start a private redis-server on loopback for this process (stopped "
+                        "on exit) and use it as the Redis tier")
+    p.add_argument("--kv-encoding", choices=("raw", "int8"), default="raw",
+                   help="encoding of the disk and Redis tiers (int8: ~4x smaller, lossy)")
     p.add_argument("--build-items", action="store_true",
                    help="single process: build every catalog item's KV before serving")
     p.add_argument("--instances", type=int, default=1,
@@ -79,8 +87,13 @@ def make_backend(args):
 
     if args.history_kv_bytes < 1:
         raise RcllmError("--history-kv-bytes must be positive")
+    if getattr(args, "redis", None):
+        from ..kvstore.wiring import parse_redis_url
+
+        parse_redis_url(args.redis)          # a bad URL is refused before anything starts
     spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format, args.category,
-                      args.kv_dir, args.adapter, args.scorer, args.history_kv_bytes)
+                      args.kv_dir, args.adapter, args.scorer, args.history_kv_bytes,
+                      getattr(args, "redis", None), getattr(args, "kv_encoding", "raw"))
     if args.instances > 1 or args.address:
         try:
             from .router import RayBackend
@@ -103,7 +116,20 @@ def run(args) -> int:
     settings = settings_from(args)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: reachable beyond this machine", settings.host)
-    app = create_app(make_backend(args), settings)
-    print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs)")
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    redis = None
+    if args.redis_local:
+        if args.redis:
+            raise RcllmError("--redis and --redis-local contradict each other")
+        from ..kvstore.redis_server import RedisServer
+
+        redis = RedisServer().start()
+        args.redis = f"redis://127.0.0.1:{redis.port}"
+        print(f"private redis-server on {args.redis} (stopped on exit)")
+    try:
+        app = create_app(make_backend(args), settings)
+        print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs)")
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    finally:
+        if redis is not None:
+            redis.stop(graceful=True)
     return 0

@@ -19,6 +19,8 @@ class EngineSpec:
     adapter: str | None = None           # `--adapter`: the tuned ranker, its scorer and method
     scorer: str | None = None            # None: the adapter's, else the verbalizer
     history_bytes: int = 1 << 30         # memory budget of client-supplied review chunks
+    redis_url: str | None = None         # `--redis`: the shared Redis tier below memory/disk
+    kv_encoding: str = "raw"             # raw | int8, for the disk and Redis tiers
 
     def _args(self) -> SimpleNamespace:
         return SimpleNamespace(config=self.config, overrides=list(self.overrides),
@@ -42,7 +44,7 @@ class EngineSpec:
     def build(self):
         """(engine, dataset): the engine serves a private, mutable copy of the catalog, on a
         store whose review chunks have their own budget (`history_bytes`), so client reviews
-        cannot evict catalog item KV; `kv_dir` adds the disk tier."""
+        cannot evict catalog item KV; `kv_dir` adds the disk tier, `redis_url` the Redis tier."""
         from dataclasses import replace
 
         from ..commands.engine_setup import make_stored_engine
@@ -51,5 +53,6 @@ class EngineSpec:
         ds = self.dataset()
         ds = replace(ds, items=dict(ds.items))
         engine = make_stored_engine(cfg, ds.items, scorer, self.kv_dir,
-                                    history_bytes=self.history_bytes)
+                                    history_bytes=self.history_bytes, redis_url=self.redis_url,
+                                    encoding=self.kv_encoding)
         return engine, ds
