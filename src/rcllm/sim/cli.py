@@ -71,11 +71,16 @@ def _run(args) -> int:
 
 
 def _validate(args) -> int:
+    from ..errors import RcllmError
     from ..schedule.validate import (combine_repeats, load_bench_requests, validate,
                                      validate_transfer)
 
     def load(paths: str):  # comma-separated repeated runs of the same requests
-        return combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
+        merged = combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
+        kept = [r for r in merged if r.get("repeats", 1) >= args.min_repeats]
+        if not kept:
+            raise RcllmError(f"no record of {paths} was measured in {args.min_repeats} runs")
+        return kept
 
     test = load(args.bench_json)
     if args.fit_json:
@@ -95,6 +100,7 @@ def _validate(args) -> int:
     if args.json:
         write_report(args.json, "sim.validate", {"bench_json": args.bench_json,
                                                  "fit_json": args.fit_json or None,
+                                                 "min_repeats": args.min_repeats,
                                                  "seed": args.seed}, rows, summary)
     return 0
 
@@ -189,6 +195,8 @@ def register(top, bench) -> None:
     val.add_argument("--fit-json", default="",
                      help="fit the profile on this other run (same comma syntax; default: "
                           "split-half of --bench-json)")
+    val.add_argument("--min-repeats", type=int, default=1,
+                     help="keep only requests measured in at least this many of the merged runs")
     val.add_argument("--json", default="", help="write the report here")
     val.add_argument("--seed", type=int, default=0)
     val.set_defaults(func=_validate)
