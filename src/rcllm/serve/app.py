@@ -22,14 +22,15 @@ from ..records import Item, ItemId
 from .backend import Backend
 from .guard import Guard
 from .metrics import Metrics
-from .schemas import ErrorOut, ItemOut, ItemsAccepted, ItemsIn, RankIn, RankOut
+from .schemas import (ErrorOut, ItemOut, ItemsAccepted, ItemsIn, PrewarmIn, PrewarmOut, RankIn,
+                      RankOut)
 from .settings import ServeSettings
 from .worker import Overloaded, Unavailable
 
 # engine messages → the request field they are about (first match wins)
 FIELD_HINTS = (("candidate", "candidates"), ("prompt has", "history"),
                ("item_ratio", "item_ratio"), ("history_ratio", "history_ratio"),
-               ("method", "method"))
+               ("method", "method"), ("prewarm", "request"))
 ERRORS = {c: {"model": ErrorOut} for c in (400, 401, 404, 411, 413, 422, 429)}
 
 
@@ -61,7 +62,8 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
     app = FastAPI(title="rcllm", version="0.1.0", lifespan=lifespan,
                   description="LLM recommendation ranking with beyond-prefix KV reuse")
     metrics = Metrics(backend.queue_depth, backend.pending,
-                      getattr(backend, "store_stats", None))
+                      getattr(backend, "store_stats", None),
+                      getattr(backend, "user_prefix_stats", None))
     app.state.metrics = metrics
     _install_handlers(app, metrics)
 
@@ -72,16 +74,27 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
                                          f"{settings.max_candidates}")
         if len(set(body.candidates)) != len(body.candidates):
             raise BadField("candidates", "the candidate list names an item twice")
+        out = await engine_call(backend.rank, body)
+        metrics.observe_rank(out)
+        return RankOut(**out)
+
+    @app.post("/v1/prewarm", response_model=PrewarmOut, responses=ERRORS)
+    async def prewarm(body: PrewarmIn) -> PrewarmOut:
+        """RelayGR pre-inference: the user side of the user's next /v1/rank, computed now on
+        the instance that ranking will go to (pointwise scorer only; else 400)."""
+        out = await engine_call(backend.prewarm, body)
+        metrics.observe_prewarm(out)
+        return PrewarmOut(**out)
+
+    async def engine_call(call, body):
+        """`call(body as plain data)` within the request timeout, after the history limit."""
         if len(body.history) > settings.max_history:
             raise BadField("history", f"{len(body.history)} history entries, at most "
                                       f"{settings.max_history}")
         try:
-            out = await asyncio.wait_for(backend.rank(body.model_dump()),
-                                         settings.request_timeout_s)
+            return await asyncio.wait_for(call(body.model_dump()), settings.request_timeout_s)
         except asyncio.TimeoutError:
             raise StarletteHTTPException(504, "the request timed out") from None
-        metrics.observe_rank(out)
-        return RankOut(**out)
 
     # Handlers that may block (the engine lock, ray.get) are plain `def`: FastAPI runs them in
     # its thread pool, so the event loop (and /healthz) never waits on an engine call.

@@ -13,6 +13,12 @@ class Backend(Protocol):
         for bad input, worker.Overloaded when no request can be admitted now."""
         ...
 
+    async def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Pre-inference (RelayGR) of `schemas.PrewarmIn.model_dump()` on the instance the
+        user's rankings go to: PrewarmOut's fields. Raises RcllmError without the pointwise
+        scorer, worker.Overloaded when no request can be admitted now."""
+        ...
+
     def submit_items(self, items: list[Item]) -> int:
         """Queues (re)builds; returns the builds pending after this call."""
         ...

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 MAX_PENDING_BUILDS = 4096
 
 
+def history_of(payload: dict[str, Any]) -> tuple[HistoryEntry, ...]:
+    return tuple(HistoryEntry(ItemId(h["item_id"]), float(h["rating"]), h["review"],
+                              int(h["timestamp"])) for h in payload["history"])
+
+
 class EngineHost:
     def __init__(self, engine: Engine) -> None:
         if not isinstance(engine.builder.catalog, dict):
@@ -46,9 +51,7 @@ class EngineHost:
     def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Ranks a request given as `schemas.RankIn.model_dump()`; raises RcllmError."""
         req = RankRequest(
-            user_id=payload["user_id"],
-            history=tuple(HistoryEntry(ItemId(h["item_id"]), float(h["rating"]), h["review"],
-                                       int(h["timestamp"])) for h in payload["history"]),
+            user_id=payload["user_id"], history=history_of(payload),
             candidates=tuple(ItemId(c) for c in payload["candidates"]))
         overrides = {k: payload[k] for k in ("item_ratio", "history_ratio")
                      if payload.get(k) is not None}
@@ -57,6 +60,22 @@ class EngineHost:
         return {"ranking": list(res.ranking), "scores": res.scores, "method": res.method,
                 "ttft_ms": res.ttft_ms, "total_ms": res.total_ms,
                 "stats": dict(res.stats)}   # plain data (the engine's stats may be a Mapping)
+
+    def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Pre-inference of `schemas.PrewarmIn.model_dump()`: the user side into the
+        user-prefix cache ({tokens, computed}); RcllmError without the pointwise scorer."""
+        with self.lock:
+            return dict(self.engine.prewarm(payload["user_id"], history_of(payload)))
+
+    def user_prefix_stats(self) -> dict[str, float] | None:
+        """The user-prefix cache's counters (hits, misses, bytes, ...), None without one."""
+        cache = self.engine.user_prefixes
+        return None if cache is None else dict(cache.stats())
+
+    def holds_user_prefix(self, user_id: str) -> bool:
+        """Whether this engine's user-prefix cache holds a live user side of `user_id`."""
+        cache = self.engine.user_prefixes
+        return cache is not None and cache.latest(user_id) is not None
 
     # ---- catalog ----------------------------------------------------------------------------
     def submit_items(self, items: list[Item]) -> None:

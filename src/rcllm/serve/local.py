@@ -21,6 +21,15 @@ class LocalBackend:
         out = await asyncio.wrap_future(fut)
         return {**out, "instance": 0}
 
+    async def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
+        fut = self.worker.submit(lambda: self.host.prewarm(payload))   # may raise Overloaded
+        out = await asyncio.wrap_future(fut)
+        return {**out, "instance": 0}
+
+    def user_prefix_stats(self) -> dict[str, float] | None:
+        """The user-prefix cache's counters (for /metrics), None without the pointwise scorer."""
+        return self.host.user_prefix_stats()
+
     def submit_items(self, items: list[Item]) -> int:
         self.host.submit_items(items)
         return self.host.pending()

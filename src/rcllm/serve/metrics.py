@@ -5,7 +5,10 @@ ttft_seconds (histogram), recomputed_fraction (histogram), chunk_lookups_total{r
 chunk_hit_ratio (cumulative, gauge), reused_tokens_total{kind}, recomputed_tokens_total{kind},
 queue_depth (gauge), item_builds_pending (gauge); per chunk-store tier (label `tier`: memory,
 memory-history, disk, redis): kv_tier_{hits,misses,corrupt,rejected,evictions,errors}_total and
-kv_tier_{bytes,entries} (gauges), read from the store when scraped.
+kv_tier_{bytes,entries} (gauges), read from the store when scraped; the user-prefix cache
+(pointwise scorer; summed over instances with Ray): userprefix_{hits,misses,expired,evictions,
+spill_hits}_total, userprefix_{bytes,entries} (gauges), userprefix_hit_ratio; prewarms:
+prewarm_total{result=computed|cached}.
 """
 
 from __future__ import annotations
@@ -36,12 +39,49 @@ class TierCollector:
             yield family
 
 
+class UserPrefixCollector:
+    """The user-prefix cache's counters at scrape time, from `stats()` (UserPrefixCache.stats,
+    or None when the deployment has no user-prefix cache: nothing is exported)."""
+
+    COUNTERS = ("hits", "misses", "expired", "evictions", "spill_hits")
+    GAUGES = ("bytes", "entries")
+
+    def __init__(self, stats: Callable[[], dict[str, float] | None]) -> None:
+        self.stats = stats
+
+    def collect(self):
+        row = self.stats()
+        if not row:
+            return
+        for name in self.COUNTERS:
+            if name in row:
+                c = CounterMetricFamily(f"rcllm_userprefix_{name}",
+                                        f"user-prefix cache {name}")
+                c.add_metric([], row[name])
+                yield c
+        for name in self.GAUGES:
+            if name in row:
+                yield GaugeMetricFamily(f"rcllm_userprefix_{name}",
+                                        f"user-prefix cache {name} now", value=row[name])
+        looked = row.get("hits", 0) + row.get("misses", 0)
+        yield GaugeMetricFamily("rcllm_userprefix_hit_ratio",
+                                "user-prefix hits / ranking lookups since start",
+                                value=row.get("hits", 0) / looked if looked else 0.0)
+
+
 class Metrics:
     def __init__(self, queue_depth: Callable[[], int], pending: Callable[[], int],
-                 store_stats: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
+                 store_stats: Callable[[], dict[str, dict[str, int]]] | None = None,
+                 user_prefix_stats: Callable[[], dict[str, float] | None] | None = None
+                 ) -> None:
         r = self.registry = CollectorRegistry()
         if store_stats is not None:
             r.register(TierCollector(store_stats))
+        if user_prefix_stats is not None:
+            r.register(UserPrefixCollector(user_prefix_stats))
+        self.prewarms = Counter("rcllm_prewarm", "POST /v1/prewarm answered, by whether the "
+                                "user side was computed or already cached", ["result"],
+                                registry=r)
         self.requests = Counter("rcllm_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=r)
         self.rejected = Counter("rcllm_rejected", "requests refused with 429 (queue full)",
@@ -82,6 +122,9 @@ class Metrics:
             self.reused.labels(kind).inc(n)
         for kind, n in st.get("recomputed_by_kind", {}).items():
             self.recomputed_tokens.labels(kind).inc(n)
+
+    def observe_prewarm(self, out: dict[str, Any]) -> None:
+        self.prewarms.labels("computed" if out["computed"] else "cached").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

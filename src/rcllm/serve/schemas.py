@@ -31,6 +31,19 @@ class RankIn(BaseModel):
     history_ratio: float | None = Field(default=None, ge=0, le=1)
 
 
+class PrewarmIn(BaseModel):
+    """The user part of a /v1/rank body: the user side to compute ahead of the ranking."""
+    model_config = ConfigDict(extra="forbid")
+    user_id: str = Field(min_length=1, max_length=128)
+    history: list[HistoryIn] = Field(default_factory=list, max_length=1000)
+
+
+class PrewarmOut(BaseModel):
+    tokens: int         # tokens of the user side (instruction + history window)
+    computed: bool      # False: it was already in this instance's user-prefix cache
+    instance: int = 0   # the instance that holds it now (where the user's rankings go)
+
+
 class RankOut(BaseModel):
     ranking: list[str]
     scores: dict[str, float]
