@@ -72,6 +72,12 @@ class EngineHost:
         cache = self.engine.user_prefixes
         return None if cache is None else dict(cache.stats())
 
+    def store_stats(self) -> dict[str, dict[str, int]]:
+        """Per-tier chunk-store counters (kvstore.wiring.tier_stats), for /metrics."""
+        from ..kvstore.wiring import tier_stats
+
+        return tier_stats(self.engine.store)
+
     def holds_user_prefix(self, user_id: str) -> bool:
         """Whether this engine's user-prefix cache holds a live user side of `user_id`."""
         cache = self.engine.user_prefixes
@@ -132,10 +138,14 @@ class EngineHost:
         with self.lock:
             return self.engine.build_items([ItemId(i) for i in item_ids if i in self.catalog])
 
-    def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
-        """(token ids, K, V as numpy) of those `item_ids` whose chunk KV is in the store."""
-        out = {}
-        with self.lock:
+    def export_items(self, item_ids: list[str], wait_s: float = 1.0) -> dict[str, tuple]:
+        """(token ids, K, V as numpy) of those `item_ids` whose chunk KV is in the store. Waits
+        at most `wait_s` for the engine (a busy or stuck owner exports nothing: the importer
+        recomputes rather than waits on another instance's queue)."""
+        out: dict[str, tuple] = {}
+        if not self.lock.acquire(timeout=wait_s):
+            return out
+        try:
             e = self.engine
             for i in item_ids:
                 if ItemId(i) not in self.catalog:
@@ -143,6 +153,8 @@ class EngineHost:
                 kv = e.store.get(e.chunk_key("item", e.builder.item_chunk(ItemId(i))))
                 if kv is not None:
                     out[i] = (kv.token_ids, kv.k.cpu().numpy(), kv.v.cpu().numpy())
+        finally:
+            self.lock.release()
         return out
 
     def import_items(self, rows: dict[str, tuple]) -> int:

@@ -25,8 +25,39 @@ class Instance:
         self.host = EngineHost(engine)
         self.built = 0
 
-    def ping(self) -> dict[str, int]:
-        return {"index": self.index, "pid": os.getpid(), "built": self.built}
+    def ping(self) -> dict[str, Any]:
+        """Who this is; `user_prefix_ttl_s`: the longest a user side stays cached (None: no
+        user-prefix cache, a listwise scorer)."""
+        cache = self.host.engine.user_prefixes
+        ttl = None if cache is None else (cache.cfg.ttl_s or cache.cfg.max_ttl_s)
+        return {"index": self.index, "pid": os.getpid(), "built": self.built,
+                "user_prefix_ttl_s": ttl}
+
+    def probe(self, timeout_s: float) -> bool:
+        """Whether the engine is free within `timeout_s` (its lock could be taken): the
+        router re-admits a suspect instance once this answers True. Never waits longer, so
+        probes cannot pile up on a stuck instance's threads."""
+        if not self.host.lock.acquire(timeout=timeout_s):
+            return False
+        self.host.lock.release()
+        return True
+
+    def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The user side into this instance's user-prefix cache; refusals as {"error"}."""
+        try:
+            out = self.host.prewarm(payload)
+        except RcllmError as exc:
+            return {"error": str(exc)}
+        return {**out, "instance": self.index}
+
+    def holds_user_prefix(self, user_id: str) -> bool:
+        return self.host.holds_user_prefix(user_id)
+
+    def user_prefix_stats(self) -> dict[str, float] | None:
+        return self.host.user_prefix_stats()
+
+    def store_stats(self) -> dict[str, dict[str, int]]:
+        return self.host.store_stats()
 
     def rank(self, payload: dict[str, Any], imports: list | None = None) -> dict[str, Any]:
         """Ranks `payload` after storing the item KV behind `imports` (object refs of other
@@ -57,14 +88,21 @@ class Instance:
         import threading
 
         held = threading.Event()
+        self._release = release = threading.Event()
 
         def hold() -> None:
             with self.host.lock:
                 held.set()
-                threading.Event().wait(seconds)
+                release.wait(seconds)
 
         threading.Thread(target=hold, daemon=True).start()
         held.wait()
+
+    def unstall(self) -> None:
+        """Ends the current `stall` now."""
+        release = getattr(self, "_release", None)
+        if release is not None:
+            release.set()
 
     def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
         return self.host.export_items(item_ids)

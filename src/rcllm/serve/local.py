@@ -48,9 +48,7 @@ class LocalBackend:
 
     def store_stats(self) -> dict[str, dict[str, int]]:
         """Per-tier chunk-store counters (for /metrics)."""
-        from ..kvstore.wiring import tier_stats
-
-        return tier_stats(self.host.engine.store)
+        return self.host.store_stats()
 
     def ready(self) -> bool:
         return True

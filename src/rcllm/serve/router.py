@@ -6,16 +6,22 @@ instance keeps the whole catalog. An item off the chosen instance's shard is fet
 instance that holds its KV (through Ray's object store) when the cost model prices fetching
 below recomputing, else recomputed; either way it is cached there after the answer.
 Routing: a `rcllm.schedule` policy (affinity by default) over live views of the instances that
-still have room. Admission: at most `queue_size` requests in flight per
-instance, beyond that 429. Failure: a call that fails because its actor died marks the
-instance dead and the request is retried on another live instance; a refused request
-({"error"}) is answered, never retried.
+still have room; in a pointwise deployment the user's resident user side counts as locality too
+(`views.UserResidency`), and `/v1/prewarm` goes through the same policy, so a prewarm and the
+user's next ranking land on one instance. Admission: at most `queue_size` requests in flight
+per instance, beyond that 429. Failure: a call that fails because its actor died marks the
+instance dead and the request is retried on another live instance; a call that gets no answer
+within `call_timeout_s` marks the instance suspect (no requests) and is retried elsewhere; a
+probe thread asks every suspect instance whether its engine is free again and re-admits it.
+A refused request ({"error"}) is answered, never retried.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -25,7 +31,7 @@ from ..records import Item
 from ..schedule import CostModel, MethodConfig, cpu_smollm2_profile, routing_policy
 from .instance import Instance
 from .spec import EngineSpec
-from .views import LiveInstance, cluster_view, routing_request
+from .views import LiveInstance, UserResidency, cluster_view, routing_request
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
@@ -35,7 +41,8 @@ class RayBackend:
     def __init__(self, spec: EngineSpec, num_instances: int, queue_size: int,
                  policy: str = "affinity", address: str | None = None,
                  hot_fraction: float = 0.05, object_store_bytes: int = 256 << 20,
-                 fetch_remote: bool = True) -> None:
+                 fetch_remote: bool = True, call_timeout_s: float = 60.0,
+                 probe_interval_s: float = 2.0) -> None:
         import ray
 
         if num_instances < 1:
@@ -49,7 +56,9 @@ class RayBackend:
         self.queue_size = queue_size
         actor = ray.remote(num_cpus=0, max_concurrency=queue_size + 2, max_restarts=0)(Instance)
         self.actors = [actor.remote(k, spec) for k in range(num_instances)]
-        ray.get([a.ping.remote() for a in self.actors])
+        pings = ray.get([a.ping.remote() for a in self.actors])
+        ttl = pings[0].get("user_prefix_ttl_s")
+        self.residency = UserResidency(ttl) if ttl else None   # None: no user-prefix cache
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
         held = self._place(spec, num_instances, hot_fraction)
         ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
@@ -60,6 +69,13 @@ class RayBackend:
         self.fetch_remote = fetch_remote
         self.policy = routing_policy(policy, self.cost)
         self.retries = 0
+        self.call_timeout_s = call_timeout_s
+        self.probe_interval_s = probe_interval_s
+        self.readmitted = 0
+        self._stop = threading.Event()
+        self._prober = threading.Thread(target=self._probe_loop, name="rcllm-probe",
+                                        daemon=True)
+        self._prober.start()
 
     def _place(self, spec: EngineSpec, k: int, hot_fraction: float) -> list[list[str]]:
         """Items whose KV each instance builds at start: its shard plus the hot items."""
@@ -72,13 +88,28 @@ class RayBackend:
 
     # ---- requests -------------------------------------------------------------------------
     async def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
+        request = routing_request(payload, self.item_tokens, self.residency is not None)
+        return await self._route("rank", payload, request)
+
+    async def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Routed by the same policy as /v1/rank over the user side alone: to the instance
+        that holds the user's user side, else by load. Refused (RcllmError) without a
+        user-prefix cache."""
+        if self.residency is None:
+            raise RcllmError("prewarm needs the pointwise scorer (the user-prefix cache)")
+        request = routing_request({**payload, "candidates": []}, self.item_tokens, True)
+        return await self._route("prewarm", payload, request)
+
+    async def _route(self, method: str, payload: dict[str, Any], request) -> dict[str, Any]:
+        """Chooses an instance, calls `method` there; retries elsewhere when it died or timed
+        out. Admission happens once: a retry of an admitted request is never refused."""
         from ray.exceptions import ActorUnavailableError, RayActorError
 
-        request = routing_request(payload, self.item_tokens)
+        user = payload["user_id"]
         tried: set[int] = set()
         first = True
         while True:
-            live = [i for i in self.instances if i.alive and i.index not in tried]
+            live = [i for i in self.instances if i.usable and i.index not in tried]
             if not live:
                 raise Unavailable("no live instance can serve the request")
             if first:       # admission; a retry of an admitted request is never refused
@@ -86,26 +117,42 @@ class RayBackend:
                 if not live:
                     raise Overloaded(self._retry_after_s())
                 first = False
-            view = cluster_view(live, self.profile)
+            home = self.residency.home(user) if self.residency is not None else None
+            view = cluster_view(live, self.profile, user if home is not None else None, home)
             pos = self.policy.choose(request, view)
             inst = live[pos]
             local = view.locality.local_tokens(request.items, request.item_tokens)[pos]
             estimate_ms = float(self.cost.service_ms(self.cost.work(request.shape, local)))
             inst.started(estimate_ms)
             t0 = time.perf_counter()
-            imports = self._imports(inst, request, local)
+            done = False
             try:
-                out = await self.actors[inst.index].rank.remote(payload, imports)
+                actor = self.actors[inst.index]
+                if method == "rank":
+                    ref = actor.rank.remote(payload, self._imports(inst, request, local))
+                else:
+                    ref = actor.prewarm.remote(payload)
+                out = await asyncio.wait_for(asyncio.wrap_future(ref.future()),
+                                             self.call_timeout_s)
+                done = True
             except (RayActorError, ActorUnavailableError) as exc:
-                inst.abandoned(estimate_ms)
                 self._lost(inst, exc)
+            except asyncio.TimeoutError:
+                self._suspect(inst, f"no answer within {self.call_timeout_s:g} s")
+            finally:    # also on cancellation (the app's request timeout): no leaked slot
+                if not done:
+                    inst.abandoned(estimate_ms)
+            if not done:
                 tried.add(inst.index)
                 self.retries += 1
                 continue
             inst.finished(estimate_ms, (time.perf_counter() - t0) * 1e3,
-                          list(payload["candidates"]))
+                          list(payload.get("candidates", ())))
             if "error" in out:
                 raise RcllmError(out["error"])
+            if self.residency is not None and (
+                    method == "prewarm" or out["stats"].get("user_prefix", "off") != "off"):
+                self.residency.note(user, inst.index)
             return out
 
     def _imports(self, inst: LiveInstance, request, local_tokens: float) -> list:
@@ -121,10 +168,10 @@ class RayBackend:
             return []
         by_owner: dict[int, list[str]] = {}
         for item in request.items:
-            if item in inst.cached:
+            if not isinstance(item, str) or item in inst.cached:   # a user side: not fetched
                 continue
             owner = next((o for o in self.instances
-                          if o.alive and o is not inst and item in o.cached), None)
+                          if o.usable and o is not inst and item in o.cached), None)
             if owner is not None:
                 by_owner.setdefault(owner.index, []).append(item)
         return [self.actors[k].export_items.remote(items) for k, items in by_owner.items()]
@@ -135,25 +182,87 @@ class RayBackend:
                         type(exc).__name__)
         inst.alive = False
         inst.failures.append(type(exc).__name__)
+        if self.residency is not None:
+            self.residency.forget_instance(inst.index)
+
+    def _suspect(self, inst: LiveInstance, why: str) -> None:
+        """No requests for `inst` until a probe finds its engine free (it may be stuck or
+        just slow: it is not declared dead, and what it is computing still completes)."""
+        if not inst.suspect:
+            log.warning("instance %d is suspect (%s); requests go elsewhere until a probe "
+                        "answers", inst.index, why)
+        inst.suspect = True
+        inst.failures.append("timeout")
+
+    def _probe_loop(self) -> None:
+        """Every `probe_interval_s`: each suspect instance gets one probe (its engine lock
+        within the interval); a True answer re-admits it, a dead actor is marked dead."""
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        wait = self.probe_interval_s
+        while not self._stop.wait(wait):
+            for inst in [i for i in self.instances if i.alive and i.suspect]:
+                try:
+                    ok = self._ray.get(self.actors[inst.index].probe.remote(wait),
+                                       timeout=wait + 10)
+                except (RayActorError, ActorUnavailableError) as exc:
+                    self._lost(inst, exc)
+                    continue
+                except GetTimeoutError:
+                    continue
+                except Exception:  # noqa: BLE001 - Ray shutting down under us
+                    return
+                if ok:
+                    inst.suspect = False
+                    self.readmitted += 1
+                    log.warning("instance %d answers its probe again: re-admitted", inst.index)
 
     def _retry_after_s(self) -> int:
-        live = [i for i in self.instances if i.alive] or self.instances
+        live = [i for i in self.instances if i.usable] or self.instances
         wait_ms = min(i.inflight * i.service_ms for i in live)
         return max(1, int(wait_ms / 1e3 + 0.999))
 
     # ---- catalog (replicated to every live instance) ------------------------------------------
     def _on_all(self, method: str, *args) -> list[Any]:
-        """Calls `method` on every live instance; instances that fail are marked dead."""
+        """Calls `method` on every live instance and returns the answers of the usable ones.
+        A suspect instance gets the call too (it runs once its engine is free, so it does not
+        miss a catalog change) but is not waited for; one that does not answer within 30 s
+        becomes suspect, one whose actor died is marked dead."""
+        from ray.exceptions import GetTimeoutError
+
         refs = [(i, getattr(self.actors[i.index], method).remote(*args))
                 for i in self.instances if i.alive]
         out = []
         for inst, ref in refs:
+            if inst.suspect:
+                continue
             try:
                 out.append(self._ray.get(ref, timeout=30))
-            except Exception as exc:  # noqa: BLE001 - a dead or stuck instance
+            except GetTimeoutError:
+                self._suspect(inst, f"{method} got no answer within 30 s")
+            except Exception as exc:  # noqa: BLE001 - a dead instance
                 self._lost(inst, exc)
         if not out:
             raise Unavailable("no live instance")
+        return out
+
+    def user_prefix_stats(self) -> dict[str, float] | None:
+        """The user-prefix caches' counters summed over the usable instances (for /metrics)."""
+        if self.residency is None:
+            return None
+        rows = [r for r in self._on_all("user_prefix_stats") if r]
+        return {k: sum(r.get(k, 0) for r in rows) for k in rows[0]} if rows else None
+
+    def store_stats(self) -> dict[str, dict[str, int]]:
+        """Per-tier chunk-store counters summed over the usable instances; the shared Redis
+        tier's bytes and entries are what one instance sees (the max), not a sum."""
+        out: dict[str, dict[str, int]] = {}
+        for rows in self._on_all("store_stats"):
+            for tier, row in rows.items():
+                acc = out.setdefault(tier, {})
+                for k, v in row.items():
+                    shared = tier.startswith("redis") and k in ("bytes", "entries")
+                    acc[k] = max(acc.get(k, 0), v) if shared else acc.get(k, 0) + v
         return out
 
     def submit_items(self, items: list[Item]) -> int:
@@ -181,7 +290,7 @@ class RayBackend:
         return sum(i.inflight for i in self.instances if i.alive)
 
     def ready(self) -> bool:
-        return any(i.alive for i in self.instances)
+        return any(i.usable for i in self.instances)
 
     def kill_instance(self, index: int) -> None:
         """Kills one actor (fault-injection for tests); the router finds out on its next call."""
@@ -191,7 +300,13 @@ class RayBackend:
         """Fault injection for tests: instance `index` computes nothing for `seconds`."""
         self._ray.get(self.actors[index].stall.remote(seconds))
 
+    def unstall_instance(self, index: int) -> None:
+        """Ends `stall_instance(index, ...)` early."""
+        self._ray.get(self.actors[index].unstall.remote())
+
     def close(self) -> None:
+        self._stop.set()
+        self._prober.join(timeout=self.probe_interval_s + 15)
         for a in self.actors:
             try:
                 self._ray.kill(a, no_restart=True)

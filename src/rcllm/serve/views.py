@@ -6,12 +6,23 @@ to an instance and not yet answered (the router is the only sender, so it is exa
 policy's own service estimate are in the same units (as in the simulator); `service_ms` is
 the measured EWMA, used only for Retry-After. `cached` starts as the
 instance's placement (shard + hot items) and grows with the items it served, since chunk
-misses are cached after the answer.
+misses are cached after the answer. `suspect`: a call to it timed out; it gets no requests
+until a probe (`RayBackend`'s probe thread, which clears the flag) finds its engine free again.
+
+User-prefix residency (pointwise deployments): `UserResidency` records which instance holds
+each user's user side (the instance that last prewarmed or ranked the user), and the routing
+request carries the user side as one more "item", `user_key(user_id)`, whose tokens count as
+local on that instance only. So every policy that reads locality (affinity, hit-only, cost)
+weighs the resident user side like item shards, and a prewarm and the user's next ranking
+land on the same instance unless load outweighs it.
 """
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Hashable, Iterator
 
 import numpy as np
 
@@ -30,11 +41,18 @@ class LiveInstance:
     outstanding_ms: float = 0.0
     service_ms: float = 200.0
     alive: bool = True
+    suspect: bool = False
     served: int = 0
     failures: list[str] = field(default_factory=list)
 
-    def view(self, profile: SpeedProfile) -> InstanceView:
-        return InstanceView(self.index, self.inflight, self.outstanding_ms, self.cached, profile)
+    @property
+    def usable(self) -> bool:
+        """Alive and not waiting for a probe: may be sent requests."""
+        return self.alive and not self.suspect
+
+    def view(self, profile: SpeedProfile, extra: frozenset = frozenset()) -> InstanceView:
+        held = self.cached if not extra else _Union(self.cached, extra)
+        return InstanceView(self.index, self.inflight, self.outstanding_ms, held, profile)
 
     def started(self, estimate_ms: float) -> None:
         self.inflight += 1
@@ -51,14 +69,87 @@ class LiveInstance:
         self.cached.update(items)
 
 
-def routing_request(payload: dict, item_tokens: dict[str, int]) -> RoutingRequest:
-    items = list(payload["candidates"])
+class _Union:
+    """`cached | extra` for membership tests without copying the cached set."""
+
+    def __init__(self, base: set, extra: frozenset) -> None:
+        self.base, self.extra = base, extra
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.extra or x in self.base
+
+    def __iter__(self) -> Iterator[Hashable]:
+        yield from self.extra
+        yield from (x for x in self.base if x not in self.extra)
+
+    def __len__(self) -> int:
+        return len(self.base) + sum(1 for x in self.extra if x not in self.base)
+
+
+def user_key(user_id: str) -> tuple[str, str]:
+    """The routing "item" of a user's user side (a tuple: never equal to a catalog id)."""
+    return ("user-prefix", user_id)
+
+
+class UserResidency:
+    """Which instance holds each user's user side, as the router learns it from its own
+    prewarm and rank answers. An entry expires after `ttl_s` (the cache's longest TTL), and at
+    most `max_users` are kept (least recently noted dropped first), so the map is bounded."""
+
+    def __init__(self, ttl_s: float, max_users: int = 100_000, clock=time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.max_users = max_users
+        self._clock = clock
+        self._homes: OrderedDict[str, tuple[int, float]] = OrderedDict()
+
+    def note(self, user_id: str, index: int) -> None:
+        self._homes[user_id] = (index, self._clock() + self.ttl_s)
+        self._homes.move_to_end(user_id)
+        while len(self._homes) > self.max_users:
+            self._homes.popitem(last=False)
+
+    def home(self, user_id: str) -> int | None:
+        row = self._homes.get(user_id)
+        if row is None:
+            return None
+        if row[1] <= self._clock():
+            del self._homes[user_id]
+            return None
+        return row[0]
+
+    def forget_instance(self, index: int) -> None:
+        for user in [u for u, (k, _t) in self._homes.items() if k == index]:
+            del self._homes[user]
+
+    def __len__(self) -> int:
+        return len(self._homes)
+
+
+def routing_request(payload: dict, item_tokens: dict[str, int],
+                    user_side: bool = False) -> RoutingRequest:
+    """The policy's picture of a /v1/rank (or, without candidates, /v1/prewarm) payload. With
+    `user_side` (a pointwise deployment) the instruction and history form one more item,
+    `user_key(user)`, reusable where that user side is resident."""
+    items: list = list(payload.get("candidates", ()))
     tokens = [item_tokens.get(i, TOKENS_PER_ITEM) for i in items]
     hist = min(len(payload["history"]), HISTORY_WINDOW) * TOKENS_PER_HISTORY
-    shape = RequestShape(prefix_tokens=PREFIX_TOKENS, fresh_tokens=20 + 4 * len(items),
-                         history_tokens=hist, history_hit_tokens=hist, item_tokens=sum(tokens))
+    fresh = 20 + 4 * len(items)
+    if user_side:
+        items.insert(0, user_key(payload["user_id"]))
+        tokens.insert(0, PREFIX_TOKENS + hist)
+        shape = RequestShape(prefix_tokens=0, fresh_tokens=fresh, history_tokens=0,
+                             history_hit_tokens=0, item_tokens=sum(tokens))
+    else:
+        shape = RequestShape(prefix_tokens=PREFIX_TOKENS, fresh_tokens=fresh,
+                             history_tokens=hist, history_hit_tokens=hist,
+                             item_tokens=sum(tokens))
     return RoutingRequest(shape, items, np.asarray(tokens, dtype=np.int64))
 
 
-def cluster_view(instances: list[LiveInstance], profile: SpeedProfile) -> ClusterView:
-    return ClusterView.from_instances([i.view(profile) for i in instances])
+def cluster_view(instances: list[LiveInstance], profile: SpeedProfile,
+                 user_id: str | None = None, home: int | None = None) -> ClusterView:
+    """The policy's view of `instances`; `home` (an instance index) holds `user_id`'s user
+    side."""
+    extra = frozenset([user_key(user_id)]) if user_id is not None else frozenset()
+    return ClusterView.from_instances([i.view(profile, extra if i.index == home else frozenset())
+                                       for i in instances])

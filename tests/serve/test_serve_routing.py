@@ -1,0 +1,73 @@
+"""The Ray router's choice with user-prefix residency (no Ray needed): the instance holding the
+user's user side wins the policy's locality term, so a prewarm and the next ranking meet."""
+
+from __future__ import annotations
+
+from rcllm.schedule import CostModel, MethodConfig, cpu_smollm2_profile, routing_policy
+from rcllm.serve.views import (LiveInstance, UserResidency, cluster_view, routing_request,
+                               user_key)
+
+TOKENS = {f"i{k}": 40 for k in range(8)}
+HISTORY = [{"item_id": f"h{k}", "rating": 4, "review": "", "timestamp": k} for k in range(6)]
+
+
+def _choose(policy: str, instances, payload, residency: UserResidency | None) -> int:
+    profile = cpu_smollm2_profile()
+    pol = routing_policy(policy, CostModel(profile, MethodConfig()))
+    request = routing_request(payload, TOKENS, user_side=residency is not None)
+    home = residency.home(payload["user_id"]) if residency is not None else None
+    view = cluster_view(instances, profile, payload["user_id"] if home is not None else None,
+                        home)
+    return instances[pol.choose(request, view)].index
+
+
+def _cluster():
+    # instance 0 holds slightly more of the candidates' item KV than instance 1
+    return [LiveInstance(0, {"i0", "i1", "i2", "i3", "i4"}),
+            LiveInstance(1, {"i5", "i6", "i7"})]
+
+
+def test_rank_follows_the_resident_user_side():
+    payload = {"user_id": "u1", "history": HISTORY, "candidates": list(TOKENS)}
+    for policy in ("affinity", "hit-only", "cost"):
+        # no residency: the item shards decide
+        assert _choose(policy, _cluster(), payload, None) == 0, policy
+        assert _choose(policy, _cluster(), payload, UserResidency(300)) == 0, policy
+        # the user side lives on instance 1 (prewarmed there): it now outweighs 2 item chunks
+        homes = UserResidency(300)
+        homes.note("u1", 1)
+        assert _choose(policy, _cluster(), payload, homes) == 1, policy
+        # another user is unaffected
+        assert _choose(policy, _cluster(), {**payload, "user_id": "u2"}, homes) == 0, policy
+
+
+def test_prewarm_goes_home_or_by_load():
+    prewarm = {"user_id": "u1", "history": HISTORY, "candidates": []}
+    homes = UserResidency(300)
+    cluster = _cluster()
+    cluster[0].started(500.0)              # instance 0 busy: an unknown user goes to 1
+    assert _choose("affinity", cluster, prewarm, homes) == 1
+    homes.note("u1", 0)                    # ... but a resident user side pulls it home
+    assert _choose("affinity", cluster, prewarm, homes) == 0
+
+
+def test_residency_expires_and_is_bounded():
+    now = [0.0]
+    homes = UserResidency(10.0, max_users=2, clock=lambda: now[0])
+    homes.note("a", 0)
+    homes.note("b", 1)
+    homes.note("c", 1)                     # over max_users: the oldest ("a") is dropped
+    assert homes.home("a") is None and homes.home("b") == 1 and len(homes) == 2
+    now[0] = 11.0
+    assert homes.home("b") is None         # past the cache's longest TTL
+    homes.note("d", 1)
+    homes.forget_instance(1)               # its instance died
+    assert homes.home("d") is None and len(homes) == 0
+
+
+def test_user_side_is_one_routing_item_never_a_catalog_id():
+    req = routing_request({"user_id": "i0", "history": HISTORY, "candidates": ["i0"]}, TOKENS,
+                          user_side=True)
+    assert list(req.items) == [user_key("i0"), "i0"]
+    assert req.shape.item_tokens == int(req.item_tokens.sum())
+    assert user_key("i0") not in {"i0"}
