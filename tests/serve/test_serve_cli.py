@@ -59,3 +59,20 @@ def test_serve_process_answers_on_loopback(tiny_model_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_userprefix_options_reach_the_engine_config():
+    from rcllm.serve.cli import spec_from
+
+    args = _parser().parse_args(["serve", "--scorer", "pointwise", "--userprefix-int8",
+                                 "--userprefix-ttl", "30", "--userprefix-bytes", "1000000",
+                                 "--userprefix-spill-bytes", "5000",
+                                 "--set", "userprefix.ttl_s=5"])
+    cfg, scorer = spec_from(args).engine_config()
+    up = cfg.userprefix
+    assert scorer == "pointwise"
+    assert (up.int8, up.ttl_s, up.max_bytes, up.spill_bytes) == (True, 30.0, 1_000_000, 5000)
+    defaults = spec_from(_parser().parse_args(["serve"])).engine_config()[0].userprefix
+    assert (defaults.int8, defaults.ttl_s) == (False, 0.0)
+    with pytest.raises(RcllmError, match="userprefix"):
+        spec_from(_parser().parse_args(["serve", "--userprefix-bytes", "0"]))

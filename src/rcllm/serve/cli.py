@@ -52,6 +52,19 @@ def register(top, bench) -> None:
                         "on exit) and use it as the Redis tier")
     p.add_argument("--kv-encoding", choices=("raw", "int8"), default="raw",
                    help="encoding of the disk and Redis tiers (int8: ~4x smaller, lossy)")
+    p.add_argument("--userprefix-bytes", type=int, metavar="N",
+                   help="pointwise scorer: byte budget of the user-prefix cache "
+                        "(= --set userprefix.max_bytes=N; default 1 GiB)")
+    p.add_argument("--userprefix-ttl", type=float, metavar="S",
+                   help="pointwise scorer: user-side TTL in seconds (= --set "
+                        "userprefix.ttl_s=S; default 0 = adaptive, at most "
+                        "userprefix.max_ttl_s)")
+    p.add_argument("--userprefix-int8", action="store_true",
+                   help="pointwise scorer: keep user sides as INT8 K/V (~4x smaller; "
+                        "= --set userprefix.int8=true)")
+    p.add_argument("--userprefix-spill-bytes", type=int, metavar="N",
+                   help="pointwise scorer: host spill tier for evicted user sides (= --set "
+                        "userprefix.spill_bytes=N; default 0 = off)")
     p.add_argument("--build-items", action="store_true",
                    help="single process: build every catalog item's KV before serving")
     p.add_argument("--instances", type=int, default=1,
@@ -81,8 +94,23 @@ def settings_from(args):
     return s
 
 
-def make_backend(args):
-    """The backend the arguments ask for: LocalBackend, or RayBackend with --instances > 1."""
+def userprefix_overrides(args) -> list[str]:
+    """The `--userprefix-*` options as `--set` strings (they come after the user's own --set,
+    so the option wins)."""
+    out = []
+    for flag, key in (("userprefix_bytes", "max_bytes"), ("userprefix_ttl", "ttl_s"),
+                      ("userprefix_spill_bytes", "spill_bytes")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            out.append(f"userprefix.{key}={value}")
+    if getattr(args, "userprefix_int8", False):
+        out.append("userprefix.int8=true")
+    return out
+
+
+def spec_from(args):
+    """The EngineSpec of the arguments (checked: a bad option is refused before anything
+    starts)."""
     from .spec import EngineSpec
 
     if args.history_kv_bytes < 1:
@@ -91,9 +119,17 @@ def make_backend(args):
         from ..kvstore.wiring import parse_redis_url
 
         parse_redis_url(args.redis)          # a bad URL is refused before anything starts
-    spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format, args.category,
+    overrides = (*args.overrides, *userprefix_overrides(args))
+    spec = EngineSpec(args.config, overrides, args.data, args.format, args.category,
                       args.kv_dir, args.adapter, args.scorer, args.history_kv_bytes,
                       getattr(args, "redis", None), getattr(args, "kv_encoding", "raw"))
+    spec.engine_config()                     # validates the config (userprefix.* included)
+    return spec
+
+
+def make_backend(args):
+    """The backend the arguments ask for: LocalBackend, or RayBackend with --instances > 1."""
+    spec = spec_from(args)
     if args.instances > 1 or args.address:
         try:
             from .router import RayBackend
