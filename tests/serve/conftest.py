@@ -45,3 +45,4 @@ def served(tiny_loaded, synthetic):
 def client(served):
     with httpx.Client(base_url=served[0], timeout=60) as c:
         yield c
+

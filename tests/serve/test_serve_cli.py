@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
@@ -14,9 +10,7 @@ import pytest
 from rcllm.errors import RcllmError
 from rcllm.serve.cli import register, settings_from
 
-LAUNCH = ("import argparse, sys; from rcllm.serve.cli import register; "
-          "p = argparse.ArgumentParser(); register(p.add_subparsers(), None); "
-          "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+from serve_helpers import serve_process
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,27 +32,11 @@ def test_options_and_token_from_environment(monkeypatch):
 
 
 def test_serve_process_answers_on_loopback(tiny_model_dir):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "serve", "--port", str(port),
-                             "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.2)
-        schema = httpx.get(f"http://127.0.0.1:{port}/openapi.json").json()
-        assert {"/v1/rank", "/v1/items", "/v1/items/{item_id}", "/metrics"} <= set(schema["paths"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with serve_process("--set", f"model.path={tiny_model_dir}",
+                       "--set", "model.threads=1") as (url, _proc):
+        schema = httpx.get(f"{url}/openapi.json").json()
+    assert {"/v1/rank", "/v1/prewarm", "/v1/items", "/v1/items/{item_id}",
+            "/metrics"} <= set(schema["paths"])
 
 
 def test_userprefix_options_reach_the_engine_config():
