@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from ..errors import RcllmError
-from ..records import Item, ItemId
+from ..records import Dataset, Item, ItemId
+from . import ui
 from .backend import Backend
 from .guard import Guard
 from .metrics import Metrics
@@ -49,8 +50,10 @@ def field_of(message: str) -> str:
     return next((f for hint, f in FIELD_HINTS if hint in low), "body")
 
 
-def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = True) -> FastAPI:
-    """The app over `backend`; closes the backend on shutdown when it owns it."""
+def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = True,
+               dataset: Dataset | None = None) -> FastAPI:
+    """The app over `backend`; closes the backend on shutdown when it owns it. `dataset`: the
+    loaded data whose users the page at /ui lists (ui.py)."""
     settings.validate()
 
     @asynccontextmanager
@@ -74,7 +77,8 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
                                          f"{settings.max_candidates}")
         if len(set(body.candidates)) != len(body.candidates):
             raise BadField("candidates", "the candidate list names an item twice")
-        out = await engine_call(backend.rank, body)
+        call = (lambda p: ui.rank_explained(backend, p)) if body.explain else backend.rank
+        out = await engine_call(call, body)
         metrics.observe_rank(out)
         return RankOut(**out)
 
@@ -137,6 +141,7 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    ui.mount(app, backend, settings.max_candidates, dataset)
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
                        count=lambda ep, status: metrics.requests.labels(ep, str(status)).inc())
     return app

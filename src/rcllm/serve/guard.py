@@ -10,14 +10,17 @@ import hmac
 import json
 from typing import Any, Callable
 
-OPEN_PATHS = ("/healthz", "/readyz")
+# no token: probes, and the page shell of /ui with its static files (they hold no data; the
+# page sends the bearer token on every data request, see serve/ui.py)
+OPEN_PATHS = ("/healthz", "/readyz", "/ui", "/ui/static/ui.css", "/ui/static/ui.js")
 
 
 def endpoint_label(path: str) -> str:
     """A bounded-cardinality label for the request counter."""
     if path.startswith("/v1/items/"):
         return "/v1/items/{item_id}"
-    known = ("/v1/rank", "/v1/items", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs")
+    known = ("/v1/rank", "/v1/items", "/healthz", "/readyz", "/metrics", "/openapi.json", "/docs",
+             "/ui", "/v1/ui/users")
     return path if path in known else "other"
 
 

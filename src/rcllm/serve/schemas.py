@@ -29,6 +29,10 @@ class RankIn(BaseModel):
     method: Literal[METHODS] | None = None  # type: ignore[valid-type]
     item_ratio: float | None = Field(default=None, ge=0, le=1)
     history_ratio: float | None = Field(default=None, ge=0, le=1)
+    # explain: token-by-token sources, selection and TTFT parts (single-process backend);
+    # compare (with explain): also full recompute's ranking, rank changes, KL, top-1 agreement
+    explain: bool = False
+    compare: bool = False
 
 
 class PrewarmIn(BaseModel):
@@ -52,6 +56,7 @@ class RankOut(BaseModel):
     total_ms: float
     instance: int = 0
     stats: dict[str, Any]
+    explain: dict[str, Any] | None = None   # with `explain` only (see serve/ui.py)
 
 
 class ItemIn(BaseModel):
