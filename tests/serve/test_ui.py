@@ -20,6 +20,8 @@ from rcllm.serve.server import start_in_thread
 from rcllm.serve.settings import ServeSettings
 from rcllm.serve.ui import compare
 
+from serve_helpers import serve_process
+
 TOKEN = "ui-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -104,6 +106,14 @@ def test_rank_explain_with_full_comparison(ui_server, users):
         assert row["full_score"] == pytest.approx(full["scores"][row["item_id"]], abs=1e-4)
         assert row["rank_change"] == row["full_rank"] - row["rank"]
     assert ex["kl"] >= 0 and ex["top1_agree"] == (out["ranking"][0] == full["ranking"][0])
+
+
+def test_rcllm_serve_lists_its_dataset_users(tiny_model_dir):
+    with serve_process("--set", f"model.path={tiny_model_dir}",
+                       "--set", "model.threads=1") as (url, _proc):
+        users = httpx.get(f"{url}/v1/ui/users", timeout=60).json()
+        assert httpx.get(f"{url}/ui").status_code == 200
+    assert len(users["users"]) > 5 and users["explain"] is True
 
 
 # ---- the page in a real browser ------------------------------------------------------------

@@ -141,7 +141,9 @@ def make_backend(args):
     engine, ds = spec.build()
     if args.build_items:
         engine.build_items(list(ds.items), progress=True)
-    return LocalBackend(engine, args.queue_size)
+    backend = LocalBackend(engine, args.queue_size)
+    backend.dataset = ds                     # the users the page at /ui lists (serve/ui.py)
+    return backend
 
 
 def run(args) -> int:
@@ -162,8 +164,10 @@ def run(args) -> int:
         args.redis = f"redis://127.0.0.1:{redis.port}"
         print(f"private redis-server on {args.redis} (stopped on exit)")
     try:
-        app = create_app(make_backend(args), settings)
-        print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs)")
+        backend = make_backend(args)
+        app = create_app(backend, settings, dataset=getattr(backend, "dataset", None))
+        print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs, "
+              f"explain page at /ui)")
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
     finally:
         if redis is not None:
