@@ -1,8 +1,13 @@
 """Schemathesis against the served OpenAPI schema: generated requests never get a 5xx and
-every response matches the documented status codes and shapes."""
+every response matches the documented status codes and shapes; and, with the schema narrowed
+to real catalog ids and the deployment's limits, generated rankings reach the engine and are
+all accepted."""
 
 from __future__ import annotations
 
+import copy
+
+import httpx
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -18,12 +23,18 @@ from rcllm.serve.server import start_in_thread  # noqa: E402
 from rcllm.serve.settings import ServeSettings  # noqa: E402
 
 @pytest.fixture(scope="module")
-def api_schema(tiny_loaded, synthetic):
-    """The schema of a server of its own (generated PUT/DELETE must not touch other tests)."""
+def api_server(tiny_loaded, synthetic):
+    """A server of its own (generated PUT/DELETE must not touch other tests): (url, settings)."""
     engine = Engine(tiny_loaded, dict(synthetic.items), RcllmConfig())
-    running = start_in_thread(create_app(LocalBackend(engine, queue_size=64), ServeSettings()))
-    yield schemathesis.openapi.from_url(f"{running.url}/openapi.json")
+    settings = ServeSettings()
+    running = start_in_thread(create_app(LocalBackend(engine, queue_size=64), settings))
+    yield running.url, settings
     running.stop()
+
+
+@pytest.fixture(scope="module")
+def api_schema(api_server):
+    return schemathesis.openapi.from_url(f"{api_server[0]}/openapi.json")
 
 
 def test_generated_requests_get_no_5xx(api_schema):
@@ -45,3 +56,44 @@ def test_generated_requests_get_no_5xx(api_schema):
 
         check()
     assert sum(counts.values()) >= 500, counts
+
+
+def real_id_schema(schema: dict, item_ids: list[str], limits: ServeSettings) -> dict:
+    """The served schema narrowed to what this deployment accepts: candidate and history ids
+    drawn from the catalog, distinct candidates within --max-candidates, history within
+    --max-history, short reviews (the prompt stays within the tiny model's context)."""
+    out = copy.deepcopy(schema)
+    parts = out["components"]["schemas"]
+    cands = parts["RankIn"]["properties"]["candidates"]
+    cands["items"] = {"type": "string", "enum": item_ids}
+    cands.update(uniqueItems=True, maxItems=limits.max_candidates)
+    parts["RankIn"]["properties"]["history"]["maxItems"] = min(limits.max_history, 12)
+    hist = parts["HistoryIn"]["properties"]
+    hist["item_id"] = {"type": "string", "enum": item_ids}
+    hist["review"]["maxLength"] = 300
+    return out
+
+
+def test_generated_rankings_with_catalog_ids_reach_the_engine(api_server, synthetic):
+    url, limits = api_server
+    spec = real_id_schema(httpx.get(f"{url}/openapi.json").json(), sorted(synthetic.items),
+                          limits)
+    op = next(r.ok() for r in schemathesis.openapi.from_dict(spec).get_all_operations()
+              if r.ok().path == "/v1/rank")
+    ranked = []
+
+    @given(case=op.as_strategy())
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck),
+              database=None)
+    def check(case) -> None:
+        response = case.call(base_url=url, timeout=60)
+        assert response.status_code < 500, (case.body, response.text)
+        # every check, acceptance of schema-valid data included: the narrowed schema is exact
+        case.validate_response(response)
+        assert response.status_code == 200, (case.body, response.text)
+        body = response.json()
+        assert sorted(body["ranking"]) == sorted(case.body["candidates"])
+        ranked.append(body["stats"]["tokens"])
+
+    check()
+    assert len(ranked) >= 100 and min(ranked) > 0
