@@ -62,6 +62,16 @@ def test_compare_rank_changes_kl_and_top1():
     assert alone["kl"] is None and alone["rows"][0]["full_rank"] is None
 
 
+def test_explain_needs_the_engine_in_this_process():
+    import asyncio
+
+    from rcllm.errors import RcllmError
+    from rcllm.serve.ui import rank_explained
+
+    with pytest.raises(RcllmError, match="single-process"):
+        asyncio.run(rank_explained(object(), {}))          # e.g. the Ray backend
+
+
 def test_page_shell_is_open_and_data_needs_the_token(ui_server, users):
     with httpx.Client(base_url=ui_server, timeout=60) as c:
         page = c.get("/ui")
