@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rcllm.config import RcllmConfig
-from rcllm.engine import Engine
+from rcllm.commands.engine_setup import make_stored_engine
+from rcllm.config import RcllmConfig, load
 from rcllm.serve.app import create_app
 from rcllm.serve.local import LocalBackend
 from rcllm.serve.server import start_in_thread
@@ -15,8 +15,12 @@ from rcllm.serve.settings import ServeSettings
 
 
 @pytest.fixture(scope="module")
-def pointwise_url(tiny_loaded, synthetic):
-    engine = Engine(tiny_loaded, dict(synthetic.items), RcllmConfig(), scorer="pointwise")
+def pointwise_url(tiny_model_dir, synthetic, tmp_path_factory):
+    """A pointwise engine as `rcllm serve` builds it (memory for items and reviews, a disk
+    tier) behind a real HTTP server."""
+    cfg = load(RcllmConfig, None, [f"model.path={tiny_model_dir}", "model.threads=1"])
+    engine = make_stored_engine(cfg, dict(synthetic.items), "pointwise",
+                                tmp_path_factory.mktemp("kv"), history_bytes=64 << 20)
     running = start_in_thread(create_app(LocalBackend(engine, queue_size=2), ServeSettings()))
     yield running.url
     running.stop()
@@ -65,3 +69,23 @@ def test_prewarm_is_refused_without_the_pointwise_scorer(client, rank_bodies):
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "user_id"
     # the verbalizer deployment has no user-prefix cache: no user-prefix series at all
     assert "rcllm_userprefix_hits_total" not in client.get("/metrics").text
+
+
+def test_grafana_dashboard_reads_only_exported_metrics(pointwise_url, rank_bodies):
+    """docs/grafana-rcllm-serve.json: every series a panel queries is in this server's
+    /metrics (errors_total exists only on a Redis tier)."""
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "grafana-rcllm-serve.json"
+    dash = json.loads(path.read_text())
+    names = {n for p in dash["panels"] for t in p["targets"]
+             for n in re.findall(r"\brcllm_[a-z0-9_]+", t["expr"])}
+    with httpx.Client(base_url=pointwise_url, timeout=120) as c:
+        assert c.post("/v1/rank", json=rank_bodies[2]).status_code == 200
+        exported = {line.split("{")[0].split()[0]
+                    for line in c.get("/metrics").text.splitlines()
+                    if line.startswith("rcllm_")}
+    assert len(names) >= 20
+    assert names - exported <= {"rcllm_kv_tier_errors_total"}, names - exported
