@@ -118,6 +118,26 @@ def test_rank_explain_with_full_comparison(ui_server, users):
     assert ex["kl"] >= 0 and ex["top1_agree"] == (out["ranking"][0] == full["ranking"][0])
 
 
+def test_explain_of_the_pointwise_scorer_has_candidate_blocks(tiny_loaded, synthetic, users):
+    from rcllm.serve.host import EngineHost
+    from rcllm.serve.ui import explained
+
+    host = EngineHost(Engine(tiny_loaded, dict(synthetic.items), RcllmConfig(),
+                             scorer="pointwise"))
+    try:
+        body = users["users"][3]["request"]
+        host.rank({**body, "method": "naive"})             # user side and item chunks cached
+        out = explained(host, {**body, "method": "rcllm", "compare": True})
+    finally:
+        host.close()
+    ex = out["explain"]
+    blocks = {t["block"] for t in ex["tokens"]}
+    assert blocks == set(range(len(body["candidates"]) + 1))
+    sources = {t["source"] for t in ex["tokens"] if t["block"] == 0}
+    assert sources & {"user_prefix", "prefix"}
+    assert len(ex["rows"]) == len(body["candidates"]) and ex["kl"] >= 0
+
+
 def test_rcllm_serve_lists_its_dataset_users(tiny_model_dir):
     with serve_process("--set", f"model.path={tiny_model_dir}",
                        "--set", "model.threads=1") as (url, _proc):
