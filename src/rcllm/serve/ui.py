@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
@@ -25,9 +25,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import METHODS
 from ..errors import RcllmError
-from ..prompt.builder import RankRequest
 from ..records import Dataset, ItemId
-from .host import EngineHost, history_of
+
+if TYPE_CHECKING:                  # the app imports this module; torch only where it ranks
+    from .host import EngineHost
 
 STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
 MAX_USERS = 50          # dataset users listed on the page
@@ -70,6 +71,9 @@ def explained(host: EngineHost, payload: dict[str, Any]) -> dict[str, Any]:
     """`host.rank`'s answer plus `explain`: the engine's token-by-token data, the titles of
     the candidates and, with `compare`, full recompute's ranking of the same request (ranked
     after the method's, so its cache writes cannot help the method) and the comparison."""
+    from ..prompt.builder import RankRequest
+    from .host import history_of
+
     req = RankRequest(user_id=payload["user_id"], history=history_of(payload),
                       candidates=tuple(ItemId(c) for c in payload["candidates"]))
     overrides = {k: payload[k] for k in ("item_ratio", "history_ratio")
