@@ -54,3 +54,14 @@ def test_userprefix_options_reach_the_engine_config():
     assert (defaults.int8, defaults.ttl_s) == (False, 0.0)
     with pytest.raises(RcllmError, match="userprefix"):
         spec_from(_parser().parse_args(["serve", "--userprefix-bytes", "0"]))
+
+
+def test_a_bad_profile_file_is_refused_before_ray_starts(tmp_path):
+    from rcllm.serve.cli import make_backend
+
+    (tmp_path / "p.json").write_text("not json")
+    args = _parser().parse_args(["serve", "--instances", "2", "--profile",
+                                 str(tmp_path / "p.json")])
+    assert args.save_profile is None and _parser().parse_args(["serve"]).profile == "calibrate"
+    with pytest.raises(RcllmError, match="not a saved speed profile"):
+        make_backend(args)

@@ -30,6 +30,9 @@ def cluster(tiny_model_dir):
 def test_two_instances_rank_and_share_catalog_updates(cluster, rank_bodies):
     url, backend = cluster
     assert all(i.alive for i in backend.instances) and len(backend.instances) == 2
+    # requests are priced with a profile fitted to the served (tiny, 3-layer) model
+    assert backend.profile.name.endswith("@calibrated")
+    assert backend.profile.model.num_layers == 3 and backend.cost.profile is backend.profile
     # the placement splits the catalog: each instance starts with part of the item KV
     assert all(0 < len(i.cached) < len(backend.item_tokens) for i in backend.instances)
     with httpx.Client(base_url=url, timeout=60) as c:

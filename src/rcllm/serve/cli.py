@@ -72,6 +72,13 @@ def register(top, bench) -> None:
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     p.add_argument("--policy", default="affinity", choices=POLICIES,
                    help="routing policy with --instances (default affinity)")
+    p.add_argument("--profile", default="calibrate", metavar="calibrate|builtin|PATH",
+                   help="speed profile the router prices requests with (--instances): "
+                        "calibrate = fitted to 9 timed rankings of the served model on "
+                        "instance 0 at start (default); builtin = the unfitted SmolLM2 CPU "
+                        "profile; PATH = a profile saved by --save-profile")
+    p.add_argument("--save-profile", metavar="PATH",
+                   help="write the profile the router uses to PATH (JSON), for --profile PATH")
     p.set_defaults(func=run)
     if bench is not None:
         from .bench import register_bench
@@ -135,7 +142,13 @@ def make_backend(args):
             from .router import RayBackend
         except ImportError as exc:
             raise RcllmError(f"--instances needs ray ({exc}); pip install ray") from None
-        return RayBackend(spec, args.instances, args.queue_size, args.policy, args.address)
+        profile = getattr(args, "profile", "calibrate")
+        if profile not in ("calibrate", "builtin"):
+            from .calibrate import load_profile
+
+            profile = load_profile(profile)     # a bad file is refused before Ray starts
+        return RayBackend(spec, args.instances, args.queue_size, args.policy, args.address,
+                          profile=profile, save_profile_to=getattr(args, "save_profile", None))
     from .local import LocalBackend
 
     engine, ds = spec.build()

@@ -20,7 +20,7 @@ from .spec import EngineSpec
 
 class Instance:
     def __init__(self, index: int, spec: EngineSpec) -> None:
-        engine, _ds = spec.build()
+        engine, self.dataset = spec.build()
         self.index = index
         self.host = EngineHost(engine)
         self.built = 0
@@ -32,6 +32,16 @@ class Instance:
         ttl = None if cache is None else (cache.cfg.ttl_s or cache.cfg.max_ttl_s)
         return {"index": self.index, "pid": os.getpid(), "built": self.built,
                 "user_prefix_ttl_s": ttl}
+
+    def calibrate(self, cases: int) -> dict[str, Any]:
+        """Timed real rankings for the router's speed profile (`serve.calibrate`): the
+        points and the served model's shape, as plain data."""
+        from .calibrate import calibration_points, served_model_spec
+
+        with self.host.lock:
+            e = self.host.engine
+            return {"points": calibration_points(e, self.dataset, cases),
+                    "model": dataclasses.asdict(served_model_spec(e))}
 
     def probe(self, timeout_s: float) -> bool:
         """Whether the engine is free within `timeout_s` (its lock could be taken): the

@@ -28,7 +28,7 @@ from typing import Any
 from ..sharding.sharding import build_placement
 from ..errors import RcllmError
 from ..records import Item
-from ..schedule import CostModel, MethodConfig, cpu_smollm2_profile, routing_policy
+from ..schedule import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
 from .instance import Instance
 from .spec import EngineSpec
 from .views import LiveInstance, UserResidency, cluster_view, routing_request
@@ -42,7 +42,8 @@ class RayBackend:
                  policy: str = "affinity", address: str | None = None,
                  hot_fraction: float = 0.05, object_store_bytes: int = 256 << 20,
                  fetch_remote: bool = True, call_timeout_s: float = 60.0,
-                 probe_interval_s: float = 2.0) -> None:
+                 probe_interval_s: float = 2.0, profile: str | SpeedProfile = "calibrate",
+                 save_profile_to: str | None = None, calibrate_cases: int = 3) -> None:
         import ray
 
         if num_instances < 1:
@@ -63,7 +64,12 @@ class RayBackend:
         held = self._place(spec, num_instances, hot_fraction)
         ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
         self.instances = [LiveInstance(k, set(items)) for k, items in enumerate(held)]
-        self.profile = cpu_smollm2_profile()
+        self.profile = self._speed_profile(profile, calibrate_cases)
+        if save_profile_to:
+            from .calibrate import save_profile
+
+            save_profile(self.profile, save_profile_to)
+        log.info("routing with speed profile %s", self.profile.name)
         self.cost = CostModel(self.profile, MethodConfig())
         self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
         self.fetch_remote = fetch_remote
@@ -76,6 +82,22 @@ class RayBackend:
         self._prober = threading.Thread(target=self._probe_loop, name="rcllm-probe",
                                         daemon=True)
         self._prober.start()
+
+    def _speed_profile(self, how: str | SpeedProfile, cases: int) -> SpeedProfile:
+        """The profile the cost model prices requests with: "calibrate" (fitted to timed
+        rankings on instance 0 now), "builtin" (the unfitted SmolLM2 CPU profile), or a
+        profile object (loaded from a file saved by an earlier calibration)."""
+        if isinstance(how, SpeedProfile):
+            return how
+        if how == "builtin":
+            return cpu_smollm2_profile()
+        if how != "calibrate":
+            raise RcllmError(f"profile must be calibrate, builtin or a loaded profile, not {how!r}")
+        from ..schedule import ModelSpec
+        from .calibrate import fit_served_profile
+
+        row = self._ray.get(self.actors[0].calibrate.remote(cases))
+        return fit_served_profile([tuple(p) for p in row["points"]], ModelSpec(**row["model"]))
 
     def _place(self, spec: EngineSpec, k: int, hot_fraction: float) -> list[list[str]]:
         """Items whose KV each instance builds at start: its shard plus the hot items."""

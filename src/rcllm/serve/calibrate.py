@@ -1,0 +1,82 @@
+"""The router's speed profile fitted to the model being served.
+
+`calibration_points` times real rankings on one instance's engine (a few of the catalog's
+users, each ranked with `full`, then `rcllm` cold, then `rcllm` warm, so computed and reused
+token counts vary), and `fit_served_profile` fits `schedule.fit.fit_cpu_profile` to them on a
+base profile whose `ModelSpec` is the served model's own shape (KV bytes per token included).
+A fitted profile can be stored as JSON (`save_profile`) and loaded at the next start
+(`load_profile`) instead of calibrating again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..errors import RcllmError
+from ..schedule import ModelSpec, SpeedProfile, cpu_smollm2_profile
+
+CALIBRATION_METHODS = ("full", "rcllm", "rcllm")   # the second rcllm run finds its chunks warm
+Point = tuple[int, int, float, str]                 # computed, context tokens, ms, method
+
+
+def served_model_spec(engine) -> ModelSpec:
+    """The served model's shape as the cost model reads it (KV in the engine's dtype)."""
+    a = engine.model.arch
+    return ModelSpec(a.model_type, a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
+                     a.head_dim, a.intermediate_size,
+                     kv_dtype_bytes=int(engine.model.dtype.itemsize))
+
+
+def calibration_points(engine, dataset, cases: int = 3) -> list[Point]:
+    """(computed, context, TTFT ms, method) of real rankings of `cases` users of `dataset`
+    (leave-last-out requests with up to 9 negatives)."""
+    from ..eval.protocol import build_cases
+    from ..prompt.builder import RankRequest
+
+    built = build_cases(dataset, history_window=engine.cfg.prompt.history_window or 10,
+                        num_negatives=min(9, max(1, len(dataset.items) - 2)), seed=0,
+                        max_cases=cases)
+    if not built:
+        raise RcllmError("calibration needs at least one user with history in the data")
+    points: list[Point] = []
+    for case in built:
+        req = RankRequest(case.user_id, tuple(case.history), tuple(case.candidates))
+        for method in CALIBRATION_METHODS:
+            res = engine.rank(req, method)
+            st = res.stats
+            points.append((int(st["recomputed_tokens"]), int(st["tokens"]),
+                           float(res.ttft_ms), method))
+    return points
+
+
+def fit_served_profile(points: list[Point], model: ModelSpec) -> SpeedProfile:
+    """A CPU profile of `model` fitted to `points` (KV stays in host memory: transfer free)."""
+    from ..schedule.fit import fit_cpu_profile
+
+    base = cpu_smollm2_profile().replace(name=f"{model.name}@calibrated", model=model)
+    usable = [p for p in points if p[2] > 0 and 0 <= p[0] <= p[1]]
+    fitted = fit_cpu_profile([(c, n, ms) for c, n, ms, _m in usable],
+                             [m for *_x, m in usable], base=base)
+    return fitted.replace(name=base.name)
+
+
+def save_profile(profile: SpeedProfile, path: str | Path) -> None:
+    row = dataclasses.asdict(profile)
+    row["reuse_ms_per_token"] = dict(profile.reuse_ms_per_token)
+    Path(path).write_text(json.dumps(row, indent=1) + "\n", encoding="utf-8")
+
+
+def load_profile(path: str | Path) -> SpeedProfile:
+    """A profile written by `save_profile`; RcllmError when the file is not one."""
+    try:
+        row: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+        row["model"] = ModelSpec(**row["model"])
+        for key in ("host_bytes_per_s", "network_bytes_per_s"):
+            row[key] = float(row[key]) if row[key] is not None else math.inf
+        return SpeedProfile(**row)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RcllmError(f"--profile {path}: not a saved speed profile ({exc})") from None
