@@ -85,7 +85,7 @@ def test_rank_one_request(tiny_model_dir, tmp_path, capsys):
     path = tmp_path / "req.json"
     path.write_text(json.dumps(req))
     rc = main(["rank", "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
-               "--request", str(path)])
+               "--kv-dir", str(tmp_path / "kv"), "--request", str(path)])
     out = capsys.readouterr().out
     assert rc == 0 and "method naive" in out
     assert all(c in out for c in cands)

@@ -172,3 +172,19 @@ def test_overlapped_gather_failure_is_raised(tiny_loaded, workload):
     eng.store.put(key, dataclasses.replace(entry, k=entry.k[:1], v=entry.v[:1]))
     with pytest.raises(RuntimeError, match="gathering reused KV failed"):
         eng.rank(_req(case), "naive", overlap=True)
+
+
+def test_layout_blocks_see_the_shared_part_and_themselves_only():
+    from rcllm.prefill.selective import Layout
+
+    lay = Layout.after(3, [2, 3])           # shared 0..2, blocks [3,5) and [5,8)
+    assert lay.pos.tolist() == [0, 1, 2, 3, 4, 3, 4, 5]
+    assert lay.outputs.tolist() == [4, 7]
+    vis = lay.visible(torch.tensor([4, 6]))
+    assert vis[0].tolist() == [True] * 5 + [False] * 3       # its block, never the next one
+    assert vis[1].tolist() == [True] * 3 + [False] * 2 + [True, True, False]
+    assert Layout.after(3, [2, 3], every_slot=True).outputs.tolist() == [3, 4, 5, 6, 7]
+    causal = Layout.causal(4)
+    assert causal.visible(torch.tensor([2]))[0].tolist() == [True, True, True, False]
+    with pytest.raises(ValueError):
+        Layout(6, [(3, 5)])                  # blocks must reach the end

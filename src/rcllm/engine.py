@@ -36,6 +36,8 @@ from .records import HistoryEntry, Item, ItemId
 
 log = logging.getLogger(__name__)
 REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # methods that reuse chunk KV
+# where a slot's KV came from before the prefill (explain): fresh = computed in the request
+SOURCES = ("fresh", "prefix", "user_prefix", "chunk", "prototype")
 # verbalizer / likelihood: the listwise prompt; pointwise: the rcllm.userprefix yes/no prompt
 # with every candidate scored after the one selectively prefilled user side
 SCORERS = ("verbalizer", "likelihood", "pointwise")
@@ -48,7 +50,7 @@ class RankStats(Mapping):
 
     tokens: int = 0                  # KV slots of the prompt (with blocks: user side + blocks)
     prefix_tokens: int = 0           # exact tokens from the prefix cache
-    user_prefix: str = "off"         # pointwise: hit | miss | off (the user-prefix cache)
+    user_prefix: str = "off"         # pointwise: hit | append | miss | off (user-prefix cache)
     user_prefix_tokens: int = 0      # exact tokens from the user-prefix cache
     chunk_hits: int = 0
     chunk_misses: int = 0
@@ -95,6 +97,9 @@ class RankResult:
     # with the pointwise scorer each candidate's (yes, no) logits [C, 2] and hidden [C, d]
     logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
+    # rank(explain=True): every token with the source of its KV and what the selection did,
+    # and the TTFT in parts (see Engine.explain)
+    explain: dict | None = None
 
 
 class LayerGather:
@@ -142,6 +147,7 @@ class UserSideLookup:
     history_hash: str
     entries: int                     # history entries the user side holds
     entry: object | None             # the cached user side (CachedPrefix) or None: a miss
+    base: object | None = None       # on a miss: the user's entry for a prefix of the history
 
 
 class Scorer:
@@ -239,7 +245,7 @@ class Engine:
                                      "verbalizer" if scorer == "pointwise" else scorer)
         self.strategy = make_scorer(scorer, self.builder, self.model.arch.max_positions)
         self.pointwise = getattr(self.strategy, "pw", None)
-        self.store: KVStore = store or MemoryLRUStore(cfg.reuse.store_bytes)
+        self.store: KVStore = store if store is not None else MemoryLRUStore(cfg.reuse.store_bytes)
         self.prefix = PrefixCache(loaded.fingerprint, cfg.reuse.prefix_block)
         instr_ids = self.strategy.context_ids("instruction")
         out = self.model.forward(torch.tensor(instr_ids, device=self.model.device),
@@ -281,6 +287,10 @@ class Engine:
     def _kind_tag(self, kind: str, reuse: ReuseConfig) -> str:
         ctx = self._context(kind, reuse.chunk_context)
         return f"{kind}@{ctx[2] if ctx else 'none'}"
+
+    def kind_tags(self) -> dict[str, str]:
+        """The tag of each chunk kind under the engine's configured chunk context."""
+        return {kind: self.kind_tag(kind) for kind in ("history", "item")}
 
     def kind_tag(self, kind: str) -> str:
         """The tag chunks of `kind` are keyed under (kind + the context they are built after)."""
@@ -353,7 +363,14 @@ class Engine:
         cache.note_request(req.user_id)
         hhash = history_hash(kept)
         key = cache.key(req.user_id, hhash)
-        return UserSideLookup(key, req.user_id, hhash, len(kept), cache.lookup(key))
+        entry = cache.lookup(key)
+        base = None
+        if entry is None:  # an earlier, shorter history of this user: its user side is a prefix
+            base = cache.latest(req.user_id)
+            if base is not None and not (base.entries < len(kept) and
+                                         history_hash(kept[:base.entries]) == base.history_hash):
+                base = None
+        return UserSideLookup(key, req.user_id, hhash, len(kept), entry, base)
 
     def _assemble(self, prompt: Prompt, reuse: ReuseConfig, user):
         """Cache look-ups: the KV buffers of every slot, which slots hold cached KV (exact or
@@ -371,12 +388,14 @@ class Engine:
         offset = torch.zeros(n, dtype=torch.long)
         stats = RankStats(tokens=n, truncated_history=prompt.truncated_history)
         prefix_len = 0
-        if user is not None and user.entry is not None:
-            kv = user.entry.stored.load(self.model.dtype, dev)
-            k_buf[:, :, :shared] = kv.k
-            v_buf[:, :, :shared] = kv.v
-            prefix_len = shared
-            stats.user_prefix, stats.user_prefix_tokens = "hit", shared
+        cached = user and (user.entry or user.base)
+        if cached:
+            kv = cached.stored.load(self.model.dtype, dev)
+            prefix_len = kv.k.shape[2]
+            k_buf[:, :, :prefix_len] = kv.k
+            v_buf[:, :, :prefix_len] = kv.v
+            stats.user_prefix = "hit" if user.entry is not None else "append"
+            stats.user_prefix_tokens = prefix_len
         elif reuse.method != "full":
             # the shared part may end at the last slot (listwise) which must stay fresh
             limit = shared if prompt.blocks else n - 1
@@ -386,6 +405,8 @@ class Engine:
                 stats.user_prefix = "miss"
         have[:prefix_len] = True
         exact = have.clone()
+        source = torch.zeros(n, dtype=torch.int8)
+        source[:prefix_len] = SOURCES.index("user_prefix" if cached else "prefix")
         library = self.history_library if reuse.prototypes else None
         misses, copies = [], []
         start = 0
@@ -399,6 +420,7 @@ class Engine:
                     if entry is not None and entry.token_ids == seg.token_ids:
                         copies.append((start, end, entry))
                         have[start:end] = True
+                        source[start:end] = SOURCES.index("chunk")
                         stats.chunk_hits += 1
                         stats.reused_tokens[seg.kind] += len(seg.token_ids)
                     else:
@@ -409,6 +431,7 @@ class Engine:
                                               self.cfg.history.search)
                             copies.append((start, end, ChunkKV(seg.token_ids, m.k, m.v)))
                             have[start:end] = m.matched
+                            source[start:end][m.matched.cpu()] = SOURCES.index("prototype")
                             stats.prototype_chunks += 1
                             stats.prototype_tokens += int(m.matched.sum())
             start = end
@@ -421,10 +444,11 @@ class Engine:
             for s, e, entry in copies:
                 k_buf[:, :, s:e] = entry.k
                 v_buf[:, :, s:e] = entry.v
+        inp.source = source
         return inp, stats, misses
 
     def rank(self, req: RankRequest, method: str | None = None, keep_tensors: bool = False,
-             **overrides) -> RankResult:
+             explain: bool = False, **overrides) -> RankResult:
         """Ranks req.candidates; raises RcllmError for bad input. Thread-compatible, not
         thread-safe (one request at a time per engine)."""
         t0 = time.perf_counter()
@@ -435,6 +459,7 @@ class Engine:
         inp, stats, misses = self._assemble(prompt, reuse, user)
         t2 = time.perf_counter()
         res = prefill(self.model, inp, selection_policy(reuse))
+        t3 = time.perf_counter()
         with torch.inference_mode():
             scores_t, logits, hidden = self.strategy.score(self, prompt, inp, res.hidden_out)
         ttft_ms = (time.perf_counter() - t0) * 1e3
@@ -456,11 +481,69 @@ class Engine:
         stats.build_ms, stats.assemble_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         stats.prefill_ms = ttft_ms - (t2 - t0) * 1e3
         result = RankResult(ranking, scores, reuse.method, ttft_ms, total_ms, stats)
+        if explain:
+            result.explain = self._explain(prompt, inp, res, {
+                "build": stats.build_ms, "lookups_and_gather": stats.assemble_ms,
+                "layer0_and_selection": res.layer0_ms, "selective_layers": res.layers_ms,
+                "scoring": ttft_ms - (t3 - t0) * 1e3})
         if keep_tensors:
             result.logits = logits.detach()
             result.hidden = (hidden if hidden is not None
                              else self.model.final_hidden(res.hidden_last)).detach()
         return result
+
+    def _explain(self, prompt: Prompt, inp: PrefillInputs, res, timing: dict) -> dict:
+        """Token by token: text, segment kind, block (0 = shared, i = the i-th candidate's),
+        the source of its KV, whether the selection recomputed it (layers 1..L-1; layer 0 runs
+        on every non-exact token when the method probes) and the probe's deviation and
+        attention mass; and the TTFT in parts (ms). Only what the request path computed."""
+        tok = self.loaded.tokenizer
+        ids = inp.ids.tolist()
+        texts = tok.convert_ids_to_tokens(ids)
+        kinds = inp.kind.tolist()
+        blocks = inp.layout.block.tolist()
+        computed = res.computed.tolist()
+        have = inp.have_kv.tolist()
+        exact = inp.exact_kv.tolist()
+        src = inp.source.tolist()
+        dev = res.deviation.tolist() if res.deviation is not None else None
+        mass = res.mass.tolist() if res.mass is not None else None
+        last = self.model.arch.num_layers - 1
+        tokens = []
+        for i, t in enumerate(ids):
+            reused = have[i] and not exact[i]
+            tokens.append({
+                "id": t, "text": tok.convert_tokens_to_string([texts[i]]),
+                "kind": KINDS[kinds[i]], "block": blocks[i], "source": SOURCES[src[i]],
+                "recomputed": bool(reused and computed[i]),
+                "layers": [0 if not exact[i] and (dev is not None or not have[i]) else 1, last]
+                if computed[i] else ([0, 0] if dev is not None and not exact[i] else None),
+                "deviation": dev[i] if dev is not None and reused else None,
+                "attention": mass[i] if mass is not None else None})
+        return {"tokens": tokens, "candidates": list(prompt.candidates),
+                "timing_ms": timing, "sources": list(SOURCES)}
+
+    def prewarm(self, user_id: str, history: Sequence[HistoryEntry]) -> dict:
+        """Pre-inference (RelayGR): computes the user's pointwise user side exactly and stores
+        it in the user-prefix cache, so the user's next ranking hits. RcllmError when the
+        engine has no user-prefix cache (a listwise scorer) or the history is too long."""
+        if self.user_prefixes is None:
+            raise RcllmError("prewarm needs the pointwise scorer (the user-prefix cache)")
+        from .userprefix.entry import CachedPrefix
+        from .userprefix.kv import StoredKV
+        from .userprefix.prompt import history_hash
+        from .userprefix.scoring import compute_prefix
+
+        window = self.cfg.prompt.history_window
+        kept = tuple(history)[-window:] if window else ()
+        side = self.pointwise.user_side(user_id, kept)
+        key = self.user_prefixes.key(user_id, history_hash(kept))
+        if self.user_prefixes.lookup(key, count=False) is not None:
+            return {"tokens": len(side.ids), "computed": False}
+        kv = compute_prefix(self.model, side.ids)
+        self.user_prefixes.put(CachedPrefix(key, user_id, side.history_hash, len(kept), 0,
+                                            StoredKV.of(kv, self.user_prefixes.cfg.int8)))
+        return {"tokens": len(side.ids), "computed": True}
 
     def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, misses,
                user) -> None:
@@ -478,6 +561,7 @@ class Engine:
             from .userprefix.kv import PrefixKV, StoredKV
 
             kv = PrefixKV(inp.k_buf[:, :, :shared].clone(), inp.v_buf[:, :, :shared].clone())
+            appends = user.base.appends + 1 if user.base is not None else 0
             self.user_prefixes.put(CachedPrefix(user.key, user.user_id, user.history_hash,
-                                                user.entries, 0,
+                                                user.entries, appends,
                                                 StoredKV.of(kv, self.user_prefixes.cfg.int8)))

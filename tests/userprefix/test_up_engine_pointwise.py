@@ -108,8 +108,16 @@ def test_user_side_comes_from_the_user_prefix_cache(tiny_loaded, workload):
     # nothing of the user side is computed again; the blocks are
     assert again.stats["recomputed_tokens"] == again.stats["tokens"] - shared
     assert (full.logits - again.logits).abs().max().item() < 1e-3
-    # another history is another key: a miss
-    other = eng.rank(RankRequest(case.user_id, case.history[:-1], case.candidates), "rcllm")
+    # a longer history of the same user: the cached user side is its prefix (exact), the new
+    # entries are built after it, and the result equals full's
+    longer = RankRequest(case.user_id, case.history + case.history[:1], case.candidates)
+    appended = eng.rank(longer, "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
+    assert appended.stats["user_prefix"] == "append"
+    assert appended.stats["user_prefix_tokens"] == shared
+    want = eng.rank(longer, "full", keep_tensors=True)
+    assert (want.logits - appended.logits).abs().max().item() < 1e-3
+    # a history that is not an extension is another key: a miss
+    other = eng.rank(RankRequest(case.user_id, case.history[1:], case.candidates), "rcllm")
     assert other.stats["user_prefix"] == "miss"
     # full never reads it
     assert eng.rank(_req(case), "full").stats["user_prefix"] == "off"
@@ -123,3 +131,38 @@ def test_unknown_scorer_and_bad_candidates_are_clear(tiny_loaded, workload):
     case = cases[0]
     with pytest.raises(RcllmError, match="unknown candidate"):
         eng.rank(_req(case, case.candidates[:-1] + ("no-such-item",)), "full")
+
+
+def test_prewarm_makes_the_next_ranking_hit_exactly(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[1]
+    assert eng.prewarm(case.user_id, case.history)["computed"]
+    assert not eng.prewarm(case.user_id, case.history)["computed"]  # already there
+    full = eng.rank(_req(case), "full", keep_tensors=True)
+    hit = eng.rank(_req(case), "naive", keep_tensors=True)
+    assert hit.stats["user_prefix"] == "hit"
+    assert (full.logits - hit.logits).abs().max().item() < 1e-3  # no item chunk was stored
+    listwise = Engine(tiny_loaded, ds.items, load(RcllmConfig, None, []))
+    with pytest.raises(RcllmError, match="pointwise"):
+        listwise.prewarm(case.user_id, case.history)
+
+
+def test_explain_says_where_every_token_came_from(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    eng.build_items(case.candidates)
+    res = eng.rank(_req(case), "rcllm", explain=True, item_ratio=0.5, history_ratio=0.5,
+                   user_prefix=False)
+    ex = res.explain
+    assert len(ex["tokens"]) == res.stats["tokens"]
+    items = [t for t in ex["tokens"] if t["kind"] == "item"]
+    assert items and all(t["source"] == "chunk" for t in items)
+    recomputed = [t for t in items if t["recomputed"]]
+    assert len(recomputed) == res.stats["recomputed_by_kind"]["item"] > 0
+    assert all(t["deviation"] is not None for t in items)
+    assert {t["block"] for t in items} == set(range(1, len(case.candidates) + 1))
+    assert ex["tokens"][0]["source"] == "prefix"  # the instruction, from the prefix cache
+    assert all(v >= 0 for v in ex["timing_ms"].values())
+    assert "".join(t["text"] for t in ex["tokens"]).startswith("<|im_start|>system")

@@ -5,7 +5,13 @@ alike; speedups are ratios of medians measured in this run. Item KV is built ahe
 candidate; history review KV is built ahead for all reviews except each user's newest
 `new_reviews` ones, which are misses computed on the spot. Every method of a request sees the
 same misses: the methods run with the engine's miss caching off, and the request's misses are
-stored (when `reuse.cache_misses` is on) only after all its methods ran.
+stored (when `reuse.cache_misses` is on) only after all its methods ran. With the pointwise
+scorer a variant either builds the user side from reused history chunks (user-prefix miss) or
+takes it from the user-prefix cache (`+user prefix`: the user's entry is dropped, then built by
+an untimed run of the same method, then the timed run hits it).
+
+Fidelity beside top-1 agreement: the KL divergence of the softmax over the candidates' scores
+from full's (`kl_vs_full`), which moves with every score, not only the winner.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ import statistics
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from ..prompt.builder import RankRequest
 
 ROW_KEYS = ("method", "item_ratio", "history_ratio", "ttft_p50_ms", "ttft_p90_ms",
             "speedup_vs_full", "speedup_vs_prefix", "recomputed_fraction", "flop_bound_speedup",
-            "top1_agreement_vs_full")
+            "top1_agreement_vs_full", "kl_vs_full")
 
 
 def prepare_caches(engine, cases, new_reviews: int = 0, progress: bool = False) -> dict:
@@ -30,6 +37,14 @@ def prepare_caches(engine, cases, new_reviews: int = 0, progress: bool = False) 
     built_hist = engine.build_history(ahead, progress=progress)
     return {"items_built_ahead": built_items, "history_chunks_built_ahead": built_hist,
             "new_reviews_per_request": new_reviews}
+
+
+def _kl(ref: dict, got: dict) -> float:
+    """KL(softmax(ref scores) || softmax(got scores)) over the candidates."""
+    keys = list(ref)
+    p = torch.log_softmax(torch.tensor([ref[k] for k in keys], dtype=torch.float64), 0)
+    q = torch.log_softmax(torch.tensor([got[k] for k in keys], dtype=torch.float64), 0)
+    return float((p.exp() * (p - q)).sum())
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -47,17 +62,21 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
     bar = tqdm(requests, desc="ranking", unit="req", disable=not progress)
     store_misses = engine.cfg.reuse.cache_misses
     for req in bar:
-        top1_full = None
+        top1_full = full_scores = None
         for v in variants:
             # misses are stored after the last method, so that no method hits a chunk an
             # earlier method of the same request computed
-            r = engine.rank(req, v.method, prefix_insert=False, cache_misses=False,
-                            **v.overrides())
+            opts = dict(prefix_insert=False, cache_misses=False, **v.overrides())
+            if engine.user_prefixes is not None:
+                engine.user_prefixes.invalidate_user(req.user_id)
+                if v.user_prefix:
+                    engine.rank(req, v.method, **opts)  # untimed: stores the user side
+            r = engine.rank(req, v.method, **opts)
             if v.method == "full":
-                top1_full = r.ranking[0]
+                top1_full, full_scores = r.ranking[0], r.scores
             s = r.stats
             per[v.label].append((r.ttft_ms, s["recomputed_fraction"], s["flops"], s["full_flops"],
-                                 r.ranking[0] == top1_full))
+                                 r.ranking[0] == top1_full, _kl(full_scores, r.scores)))
             records.append({"method": v.method, "variant": v.label, "user_id": req.user_id,
                             "context_tokens": s["tokens"],
                             "recomputed_tokens": s["recomputed_tokens"],
@@ -85,6 +104,7 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
             "recomputed_fraction": float(np.mean([x[1] for x in vals])),
             "flop_bound_speedup": sum(x[3] for x in vals) / sum(x[2] for x in vals),
             "top1_agreement_vs_full": float(np.mean([x[4] for x in vals])),
+            "kl_vs_full": float(np.mean([x[5] for x in vals])),
         })
     for row in rows:
         row["measured_vs_flop_bound"] = (row["speedup_vs_full"] / row["flop_bound_speedup"]

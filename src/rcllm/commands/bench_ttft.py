@@ -7,12 +7,12 @@ import time
 
 from ..report import markdown_table, write_report
 from .common import (add_candidate_source_option, add_data_options, add_engine_options,
-                     default_variants, engine_config, load_workload, make_engine)
+                     default_variants, engine_config, load_workload, make_engine, pointwise_variants)
 
 log = logging.getLogger(__name__)
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p90_ms", "speedup_vs_full", "speedup_vs_prefix",
            "recomputed_fraction", "flop_bound_speedup", "measured_vs_flop_bound",
-           "top1_agreement_vs_full")
+           "top1_agreement_vs_full", "kl_vs_full")
 
 
 def register(top, bench) -> None:
@@ -23,6 +23,7 @@ def register(top, bench) -> None:
     add_candidate_source_option(p)
     p.add_argument("--new-reviews", type=int, default=0,
                    help="newest reviews per user NOT built ahead (misses computed on the spot)")
+    _scorer_options(p, "verbalizer")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.set_defaults(func=run)
     d = top.add_parser("demo", help="load the bundled model, build a workload, rank it with "
@@ -33,8 +34,20 @@ def register(top, bench) -> None:
     add_candidate_source_option(d)
     d.add_argument("--new-reviews", type=int, default=1,
                    help="newest reviews per user not built ahead (default 1)")
+    _scorer_options(d, "pointwise")
     d.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     d.set_defaults(func=run_demo)
+
+
+def _scorer_options(p, default: str) -> None:
+    p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
+                   help="verbalizer/likelihood: the listwise prompt; pointwise: the user side "
+                        "then one yes/no block per candidate, with rows for a user-prefix hit "
+                        f"(default: the adapter's, else {default})")
+    p.add_argument("--adapter", metavar="PATH",
+                   help="LoRA adapter from `rcllm finetune` (its prompt settings and scorer "
+                        "are adopted)")
+    p.set_defaults(default_scorer=default)
 
 
 def _run(args, name: str) -> int:
@@ -43,21 +56,30 @@ def _run(args, name: str) -> int:
 
     t0 = time.perf_counter()
     cfg = engine_config(args)
+    scorer = args.scorer or args.default_scorer
+    if args.adapter:
+        from ..finetune.adapter import eval_settings, trained_scorer
+
+        cfg, _, _ = eval_settings(cfg, args.adapter)
+        scorer = args.scorer or trained_scorer(args.adapter)
     ds, cases = load_workload(args)
-    print(f"workload: {ds.name}, {len(cases)} requests, {args.candidates} candidates each")
-    engine = make_engine(args, ds, cfg=cfg)
+    print(f"workload: {ds.name}, {len(cases)} requests, {args.candidates} candidates each; "
+          f"scorer {scorer}")
+    engine = make_engine(args, ds, scorer=scorer, cfg=cfg)
     print(f"model: {engine.loaded.source} ({engine.model.arch.model_type}, "
           f"{engine.model.arch.num_layers} layers, {cfg.model.dtype}, {cfg.model.device})")
     caches = prepare_caches(engine, cases, args.new_reviews, progress=True)
-    variants = default_variants()
+    variants = pointwise_variants() if scorer == "pointwise" else default_variants()
     rows, records = run_ttft(engine, cases, variants, progress=True)
     tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
     summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
-               "candidate_source": args.candidate_source,
+               "candidate_source": args.candidate_source, "scorer": scorer,
+               "adapter": args.adapter,
                "retrieval_recall": retrieval_recall(cases), "wall_s": time.perf_counter() - t0}
     for row in rows:
         if row["method"] == "rcllm":
             tag = f"{row['item_ratio']:g}_{row['history_ratio']:g}"
+            tag += "_user_prefix" if row["variant"].endswith("+user prefix") else ""
             summary[f"rcllm_{tag}_speedup_vs_full"] = row["speedup_vs_full"]
             summary[f"rcllm_{tag}_speedup_vs_prefix"] = row["speedup_vs_prefix"]
     print()

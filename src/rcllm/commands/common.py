@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..config import RcllmConfig, describe, load
@@ -95,19 +95,12 @@ def _first_category(path: str) -> str | None:
 
 
 def make_engine(args, ds, scorer: str = "verbalizer", cfg: RcllmConfig | None = None):
-    from ..engine import Engine
-    from ..kvstore.base import MemoryLRUStore
-    from ..model.loading import load_model
+    """The engine over the dataset's catalog; `--kv-dir` adds a checked disk tier (the same
+    store `rank` and `serve` use, so their entries are interchangeable)."""
+    from .engine_setup import make_stored_engine
 
     cfg = cfg or engine_config(args)
-    loaded = load_model(cfg.model)
-    store = MemoryLRUStore(cfg.reuse.store_bytes)
-    if getattr(args, "kv_dir", None):
-        from ..kvstore.disk import DiskStore
-        from ..kvstore.tiered import TieredStore
-
-        store = TieredStore(store, [DiskStore(args.kv_dir)])
-    return Engine(loaded, ds.items, cfg, store=store, scorer=scorer)
+    return make_stored_engine(cfg, ds.items, scorer, getattr(args, "kv_dir", None))
 
 
 @dataclass(frozen=True)
@@ -117,19 +110,25 @@ class Variant:
     method: str
     item_ratio: float = 0.0
     history_ratio: float = 0.0
+    # pointwise scorer: the user side from the user-prefix cache (warmed for the request
+    # before it is timed) instead of built from reused history chunks
+    user_prefix: bool = field(default=False, kw_only=True)
 
     @property
     def label(self) -> str:
         if self.method in ("rcllm",):
-            return f"rcllm {self.item_ratio:g}/{self.history_ratio:g}"
-        if self.method == "cacheblend":
-            return f"cacheblend {self.item_ratio:g}"
-        return self.method
+            name = f"rcllm {self.item_ratio:g}/{self.history_ratio:g}"
+        elif self.method == "cacheblend":
+            name = f"cacheblend {self.item_ratio:g}"
+        else:
+            name = self.method
+        return name + (" +user prefix" if self.user_prefix else "")
 
     def overrides(self) -> dict:
+        out = {"user_prefix": self.user_prefix}
         if self.method in ("rcllm", "cacheblend"):
-            return {"item_ratio": self.item_ratio, "history_ratio": self.history_ratio}
-        return {}
+            out.update(item_ratio=self.item_ratio, history_ratio=self.history_ratio)
+        return out
 
 
 def parse_methods(text: str, item_ratio: float, history_ratio: float) -> list[Variant]:
@@ -149,4 +148,13 @@ def default_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3),
     rows = [Variant("full"), Variant("prefix"), Variant("naive"), Variant("epic"),
             Variant("cacheblend", 0.15, 0.15), Variant("cacheblend", 0.3, 0.3)]
     rows += [Variant("rcllm", i, h) for i, h in extra_budgets]
+    return rows
+
+
+def pointwise_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3), (0.15, 0.15))):
+    """The listwise rows (user side built from reused history chunks: a user-prefix miss) and
+    the reuse methods again with the user side cached (a user-prefix hit)."""
+    rows = default_variants(extra_budgets)
+    rows += [Variant("naive", user_prefix=True)]
+    rows += [Variant("rcllm", i, h, user_prefix=True) for i, h in extra_budgets]
     return rows

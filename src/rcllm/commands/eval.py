@@ -7,8 +7,8 @@ import os
 
 from ..errors import RcllmError
 from ..report import markdown_table, write_report
-from .common import (Variant, add_data_options, add_engine_options, engine_config, load_workload,
-                     make_engine, parse_methods)
+from .common import (Variant, add_candidate_source_option, add_data_options, add_engine_options,
+                     engine_config, load_workload, make_engine, parse_methods)
 
 SPLIT_PARTS = ("train", "validation", "test")
 DEFAULT_SPLIT = ((0.8, 0.1, 0.1), 0)
@@ -22,6 +22,7 @@ def register(top, bench) -> None:
                        formatter_class=argparse.RawTextHelpFormatter)
     add_engine_options(p)
     add_data_options(p, requests=20)
+    add_candidate_source_option(p)
     p.add_argument("--methods", default="full,prefix,naive,cacheblend,epic,rcllm",
                    help="comma-separated methods (full is always included)")
     p.add_argument("--item-ratio", type=float, default=0.3, help="item recompute ratio")
@@ -39,9 +40,10 @@ def register(top, bench) -> None:
     p.add_argument("--adapter", metavar="PATH",
                    help="LoRA adapter from `rcllm finetune` (sets model.adapter and adopts the "
                         "prompt settings and user split it was trained with)")
-    p.add_argument("--users", choices=("all",) + SPLIT_PARTS, default="all",
+    p.add_argument("--users", choices=("all", "heldout") + SPLIT_PARTS, default="all",
                    help="evaluate one part of the user split (the adapter's, else "
-                        "0.8,0.1,0.1 with seed 0; `rcllm finetune` trains on `train`)")
+                        "0.8,0.1,0.1 with seed 0; `rcllm finetune` trains on `train`); "
+                        "heldout = validation and test pooled (never trained on)")
     p.add_argument("--baselines", action="store_true",
                    help="add random, popularity and item-kNN (co-occurrence) rows")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
@@ -71,6 +73,8 @@ def run(args) -> int:
                  if Variant("rcllm", i, h) not in variants]
 
     def part(name: str):
+        if name == "heldout":
+            return lambda d: [u for p in split_users(d, fractions, split_seed)[1:] for u in p]
         return lambda d: split_users(d, fractions, split_seed)[SPLIT_PARTS.index(name)]
 
     ds, cases = load_workload(args, users=None if args.users == "all" else part(args.users))
@@ -86,7 +90,8 @@ def run(args) -> int:
 
         # baselines may count the training users' whole sequences only when those are not the
         # users evaluated (their last items are then targets)
-        known_full = part("train")(ds) if args.users in ("validation", "test") else ()
+        known_full = (part("train")(ds) if args.users in ("validation", "test", "heldout")
+                      else ())
         rows += baseline_rows(ds, cases, known_full, seed=args.seed)
     print(markdown_table(rows, COLUMNS))
     if args.plots:

@@ -23,6 +23,7 @@ output. Fine-tuning runs the same loop with gradients (`grad=True`).
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -41,10 +42,12 @@ class Layout:
 
     Slots [0, shared) form one causal sequence at positions 0..shared-1. Each block (a slot
     range after the shared part) restarts at position `shared` and sees the shared part plus
-    itself causally. `outputs` are the slots whose hidden states the prefill returns.
+    itself causally. `outputs` are the slots whose hidden states the prefill returns (sorted;
+    default: each block's last slot, or the last slot).
     """
 
-    def __init__(self, n: int, blocks: Sequence[tuple[int, int]] = (), device=None):
+    def __init__(self, n: int, blocks: Sequence[tuple[int, int]] = (), device=None,
+                 outputs: torch.Tensor | None = None):
         self.n = n
         self.blocks = list(blocks)
         self.shared = self.blocks[0][0] if self.blocks else n
@@ -60,8 +63,10 @@ class Layout:
         if prev != n:
             raise ValueError("blocks must cover the slots after the shared part")
         self.pos, self.block = pos, block
-        self.outputs = (torch.tensor([e - 1 for _, e in self.blocks], device=device)
-                        if self.blocks else torch.tensor([n - 1], device=device))
+        if outputs is None:
+            outputs = (torch.tensor([e - 1 for _, e in self.blocks], device=device)
+                       if self.blocks else torch.tensor([n - 1], device=device))
+        self.outputs = outputs
         self._groups: list[tuple[int, int]] = []
         for s, e in self.blocks:  # consecutive whole blocks of <= GROUP_SLOTS slots
             if self._groups and e - self._groups[-1][0] <= GROUP_SLOTS:
@@ -72,6 +77,18 @@ class Layout:
     @staticmethod
     def causal(n: int, device=None) -> "Layout":
         return Layout(n, (), device)
+
+    @staticmethod
+    def after(shared: int, lengths: Sequence[int], device=None, every_slot: bool = False
+              ) -> "Layout":
+        """A shared part of `shared` slots, then one block per length; outputs: each block's
+        last slot, or with every_slot all block slots."""
+        blocks, at = [], shared
+        for k in lengths:
+            blocks.append((at, at + k))
+            at += k
+        outputs = torch.arange(shared, at, device=device) if every_slot else None
+        return Layout(at, blocks, device, outputs)
 
     def visible(self, q_slots: torch.Tensor) -> torch.Tensor:
         """[len(q_slots), N] bool: which slots each query slot attends to."""
@@ -134,6 +151,7 @@ class PrefillInputs:
     # rotates them while earlier layers compute), or None when nothing was prepared.
     layer: Callable[[int], torch.Tensor | None] | None = None
     layout: Layout | None = None  # None: one causal sequence (slot index == position)
+    source: torch.Tensor | None = None  # [N] int8 codes of engine.SOURCES (explain only)
 
     def __post_init__(self):
         if self.layout is None:
@@ -147,6 +165,10 @@ class PrefillResult:
     layer0_computed: int               # tokens computed at layer 0
     flops: float                       # FLOPs actually done
     full_flops: float                  # FLOPs of a full recompute of the same prompt
+    deviation: torch.Tensor | None = None   # [N] the probe's layer-1 KV deviation (reused slots)
+    mass: torch.Tensor | None = None        # [N] the probe's attention mass (when read)
+    layer0_ms: float = 0.0             # layer 0 (with the probe and the selection)
+    layers_ms: float = 0.0             # layers >= 1 over the selected tokens
 
     @property
     def hidden_last(self) -> torch.Tensor:
@@ -208,6 +230,40 @@ def _count_flops(model: Transformer, n: int, computed: torch.Tensor, l0: torch.T
     return done, full
 
 
+def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
+                   blocks: Sequence[Sequence[int]], grad: bool = False,
+                   every_slot: bool = False) -> torch.Tensor:
+    """Hidden states (before the final norm) of token blocks placed right after an exact KV
+    prefix k/v [L, H_kv, N, D] (keys pre-RoPE), each block seeing the prefix and itself only:
+    each block's last slot [C, d], or with every_slot all block slots [sum, d]. The prefix is
+    not modified. One pass of the selective prefill with nothing to select."""
+    from .selection import SelectionPolicy
+
+    if any(len(b) == 0 for b in blocks):
+        raise ValueError("empty block")
+    n, dev = k.shape[2], model.device
+    layout = Layout.after(n, [len(b) for b in blocks], dev, every_slot)
+    total = layout.n
+    ids = torch.cat((torch.zeros(n, dtype=torch.long, device=dev),
+                     torch.tensor([t for b in blocks for t in b], device=dev)))
+    a = model.arch
+
+    def bufs(prefix):
+        out = []
+        for layer in range(a.num_layers):
+            buf = prefix.new_empty(a.num_kv_heads, total, a.head_dim)
+            buf[:, :n] = prefix[layer]
+            out.append(buf)
+        return out
+
+    have = torch.zeros(total, dtype=torch.bool, device=dev)
+    have[:n] = True
+    inp = PrefillInputs(ids, bufs(k), bufs(v), have, have.clone(),
+                        torch.zeros(total, dtype=torch.int8, device=dev),
+                        torch.zeros(total, dtype=torch.long, device=dev), layout=layout)
+    return prefill(model, inp, SelectionPolicy(None), grad=grad).hidden_out
+
+
 def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
             grad: bool = False) -> PrefillResult:
     """Runs the selective prefill; mutates inp.k_buf/v_buf into the prompt's final KV.
@@ -220,6 +276,7 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
 
 
 def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> PrefillResult:
+    t0 = time.perf_counter()
     n = inp.ids.shape[0]
     if n == 0:
         raise ValueError("empty prompt")
@@ -244,7 +301,7 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
     mass = (_attention_mass(model, q_rot, idx, k_rot, layout)
             if probe and 0 in policy.mass_layers() else None)
     h = model.finish(0, h, attn)
-    start, qkv1, probe_tokens = 1, None, 0
+    start, qkv1, probe_tokens, dev = 1, None, 0, None
     if probe:
         q1, k1, v1 = model.qkv(1, h)
         reused = (inp.have_kv & ~inp.exact_kv)[idx]
@@ -266,11 +323,15 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
         idx, h = idx[keep], h[keep]
         qkv1 = (q1[:, keep], k1[:, keep].contiguous(), v1[:, keep].contiguous())
         plan = layout.plan(idx)
+        mass = mass1 if mass1 is not None else mass
     computed = torch.zeros(n, dtype=torch.bool, device=h.device)
     computed[idx] = True
+    t1 = time.perf_counter()
     for layer in range(start, model.arch.num_layers):
         h = _layer(model, layer, h, idx, inp, plan, qkv1 if layer == 1 else None)
     flops, full = _count_flops(model, n, computed, layer0, probe_tokens, layout,
                                len(layout.outputs))
     rows = torch.searchsorted(idx, layout.outputs)
-    return PrefillResult(h[rows], computed, int(layer0.sum()), flops, full)
+    t2 = time.perf_counter()
+    return PrefillResult(h[rows], computed, int(layer0.sum()), flops, full, dev, mass,
+                         (t1 - t0) * 1e3, (t2 - t1) * 1e3)
