@@ -18,6 +18,7 @@ from .errors import RcllmError
 # One entry per module that registers commands; a feature adds its module here.
 COMMAND_MODULES = (
     "rcllm.commands.bench_prefill",
+    "rcllm.commands.bench_shapes",
     "rcllm.commands.bench_ttft",
     "rcllm.commands.build_cache",
     "rcllm.commands.build_history",
