@@ -88,6 +88,18 @@ def test_prompt_layout_matches_the_engine():
         sh.synthetic_prompt(100, 100)
 
 
+def test_probe_methods_run_in_bfloat16():
+    """bfloat16 is the GPU dtype; on the CPU it exercises the same dtype paths."""
+    model = sh.random_transformer(sh.SHAPES["tiny"], torch.device("cpu"), torch.bfloat16, 400)
+    inputs = sh.Inputs(model, sh.synthetic_prompt(TOKENS, model.arch.vocab_size))
+    for v in (sh.Variant("cacheblend", 0.3, 0.3), sh.Variant("rcllm", 0.3, 0.3)):
+        ms, res, logits = sh.timed_prefill(model, inputs.make(v.method), v.policy())
+        assert ms > 0 and torch.isfinite(logits).all() and 0 < res.computed.float().mean() < 1
+    assert torch.get_default_dtype() == torch.float32   # restored after each prefill
+    check = sh.exactness(model, inputs)
+    assert check["rcllm"]["cosine"] > 0.999
+
+
 def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "shapes", "--shape", "tiny", "--device", "cuda"]) == 2

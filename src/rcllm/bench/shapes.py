@@ -34,6 +34,7 @@ import dataclasses
 import math
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -245,11 +246,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextmanager
+def model_default_dtype(model: Transformer):
+    """Makes the model's dtype torch's default inside the block. The probe of
+    `prefill.selective` builds its deviation buffer with `torch.zeros(n, device=...)` (float32)
+    and writes the model-dtype deviations into it, which fails for a bfloat16 / float16 model
+    (index_put needs equal dtypes): cacheblend and rcllm crash there, in the engine too. Until
+    that line passes `dtype=h.dtype`, the benchmark runs the prefill under this block, which
+    gives the buffer the dtype the fix would give it and changes nothing else it creates."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(model.dtype if model.dtype.is_floating_point else old)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
 def timed_prefill(model: Transformer, inp: PrefillInputs, policy) -> tuple[float, object, torch.Tensor]:
     """(ms, PrefillResult, last-position logits): the prefill and the logits, synchronized."""
     _sync(model.device)
     t0 = time.perf_counter()
-    res = prefill(model, inp, policy)
+    with model_default_dtype(model):
+        res = prefill(model, inp, policy)
     with torch.inference_mode():
         logits = model.logits(res.hidden_last)
     _sync(model.device)
