@@ -146,6 +146,7 @@ class UserSideLookup:
     user_id: str
     history_hash: str
     entries: int                     # history entries the user side holds
+    tokens: int                      # its length (the shared part ends with the block head)
     entry: object | None             # the cached user side (CachedPrefix) or None: a miss
     base: object | None = None       # on a miss: the user's entry for a prefix of the history
 
@@ -370,7 +371,8 @@ class Engine:
             if base is not None and not (base.entries < len(kept) and
                                          history_hash(kept[:base.entries]) == base.history_hash):
                 base = None
-        return UserSideLookup(key, req.user_id, hhash, len(kept), entry, base)
+        tokens = len(prompt) - len(self.pointwise.head_ids)  # the shared part less the head
+        return UserSideLookup(key, req.user_id, hhash, len(kept), tokens, entry, base)
 
     def _assemble(self, prompt: Prompt, reuse: ReuseConfig, user):
         """Cache look-ups: the KV buffers of every slot, which slots hold cached KV (exact or
@@ -392,6 +394,8 @@ class Engine:
         if cached:
             kv = cached.stored.load(self.model.dtype, dev)
             prefix_len = kv.k.shape[2]
+            if prefix_len > user.tokens:
+                raise RuntimeError("a cached user side longer than the request's")
             k_buf[:, :, :prefix_len] = kv.k
             v_buf[:, :, :prefix_len] = kv.v
             stats.user_prefix = "hit" if user.entry is not None else "append"
@@ -560,7 +564,8 @@ class Engine:
             from .userprefix.entry import CachedPrefix
             from .userprefix.kv import PrefixKV, StoredKV
 
-            kv = PrefixKV(inp.k_buf[:, :, :shared].clone(), inp.v_buf[:, :, :shared].clone())
+            n = user.tokens
+            kv = PrefixKV(inp.k_buf[:, :, :n].clone(), inp.v_buf[:, :, :n].clone())
             appends = user.base.appends + 1 if user.base is not None else 0
             self.user_prefixes.put(CachedPrefix(user.key, user.user_id, user.history_hash,
                                                 user.entries, appends,

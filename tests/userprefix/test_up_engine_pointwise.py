@@ -30,7 +30,7 @@ def _req(case, order=None):
 def _reference(engine, case):
     """Each candidate's yes − no logit from one plain forward over its whole prompt."""
     pw, model = engine.pointwise, engine.model
-    side = list(pw.prompt(_req(case)).token_ids)
+    side = list(pw.user_side(case.user_id, case.history).ids)
     out = []
     for c in case.candidates:
         ids = torch.tensor(side + list(pw.candidate_ids(c)))
@@ -101,11 +101,10 @@ def test_user_side_comes_from_the_user_prefix_cache(tiny_loaded, workload):
     first = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
     assert first.stats["user_prefix"] == "miss"
     again = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0)
-    shared = again.stats["tokens"] - sum(len(eng.pointwise.candidate_ids(c))
-                                         for c in case.candidates)
+    shared = len(eng.pointwise.user_side(case.user_id, case.history).ids)
     assert again.stats["user_prefix"] == "hit"
     assert again.stats["user_prefix_tokens"] == shared
-    # nothing of the user side is computed again; the blocks are
+    # nothing of the user side is computed again; the head and the blocks are
     assert again.stats["recomputed_tokens"] == again.stats["tokens"] - shared
     assert (full.logits - again.logits).abs().max().item() < 1e-3
     # a longer history of the same user: the cached user side is its prefix (exact), the new

@@ -3,6 +3,10 @@
     user side  = [instruction] ([bullet][history chunk])*
     block      = "\n\nWill I like" [item chunk] "? Answer:"      → next token " Yes" or " No"
 
+The head of every block is the same text at the same position after the same user side, so
+its KV is the same in every block: the prompt holds it once, at the end of the shared part,
+and a block is the item chunk and the tail (3 tokens of fixed text per candidate).
+
 History chunks use `PromptBuilder.history_chunk` and item chunks `PromptBuilder.item_chunk`
 (the same text and token limits as the listwise prompt). Each piece is tokenised on its own and
 the ids concatenated, so the user side of a longer history is the user side of the shorter one
@@ -95,17 +99,21 @@ class PointwisePrompt:
         return UserSide(user_id, ids, history_hash(history), len(history))
 
     def prompt(self, req) -> "Prompt":
-        """The engine's pointwise prompt of a RankRequest: the user side as typed segments
+        """The engine's pointwise prompt of a RankRequest: the shared part — the user side
         (instruction, then bullet + history chunk of each of the last `history_window`
-        entries) and one block per candidate (head, item chunk, tail). Token for token, user
-        side + block is `user_side(...).ids + candidate_ids(c)`. RcllmError for bad input."""
+        entries) and the block head — and one block per candidate (item chunk, tail). Token for
+        token, shared part + block is `user_side(...).ids + candidate_ids(c)`. RcllmError for
+        bad input."""
         from ..prompt.builder import Prompt, Segment
 
         self.builder.validate(req)
         history, dropped = self.builder.history_segments(req.history)
-        segs = [Segment("instruction", self._instruction), *history]
-        blocks = [[Segment("dynamic", self._head),
-                   Segment("item", self.builder.item_chunk(c), c),
+        # every block would start with the same head at the same position, seeing the same
+        # user side: its KV is the same in every block, so it is computed once, at the end of
+        # the shared part (the scores are those of per-block heads; a test pins them)
+        segs = [Segment("instruction", self._instruction), *history,
+                Segment("question", self._head)]
+        blocks = [[Segment("item", self.builder.item_chunk(c), c),
                    Segment("question", self._tail)] for c in req.candidates]
         out = Prompt(segs, tuple(req.candidates), (), dropped, blocks)
         total = len(out) + max(sum(len(s.token_ids) for s in b) for b in blocks)
@@ -120,6 +128,11 @@ class PointwisePrompt:
     @property
     def instruction_ids(self) -> tuple[int, ...]:
         return self._instruction
+
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        """The block head, the last segment of the shared part (not part of a user side)."""
+        return self._head
 
     def candidate_ids(self, item_id: ItemId) -> tuple[int, ...]:
         """One candidate's block: head + item chunk + tail; RcllmError for an unknown item."""
