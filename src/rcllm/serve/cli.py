@@ -74,7 +74,7 @@ def register(top, bench) -> None:
                    help="routing policy with --instances (default affinity)")
     p.add_argument("--profile", default="calibrate", metavar="calibrate|builtin|PATH",
                    help="speed profile the router prices requests with (--instances): "
-                        "calibrate = fitted to 9 timed rankings of the served model on "
+                        "calibrate = fitted to 12 timed rankings of the served model on "
                         "instance 0 at start (default); builtin = the unfitted SmolLM2 CPU "
                         "profile; PATH = a profile saved by --save-profile")
     p.add_argument("--save-profile", metavar="PATH",
