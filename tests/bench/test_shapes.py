@@ -93,7 +93,7 @@ def test_probe_methods_run_in_bfloat16():
     model = sh.random_transformer(sh.SHAPES["tiny"], torch.device("cpu"), torch.bfloat16, 400)
     inputs = sh.Inputs(model, sh.synthetic_prompt(TOKENS, model.arch.vocab_size))
     for v in (sh.Variant("cacheblend", 0.3, 0.3), sh.Variant("rcllm", 0.3, 0.3)):
-        ms, res, logits = sh.timed_prefill(model, inputs.make(v.method), v.policy())
+        ms, res, logits = sh.timed_prefill(model, inputs, v)
         assert ms > 0 and torch.isfinite(logits).all() and 0 < res.computed.float().mean() < 1
     assert torch.get_default_dtype() == torch.float32   # restored after each prefill
     check = sh.exactness(model, inputs)
