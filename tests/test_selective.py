@@ -188,3 +188,23 @@ def test_layout_blocks_see_the_shared_part_and_themselves_only():
     assert causal.visible(torch.tensor([2]))[0].tolist() == [True, True, True, False]
     with pytest.raises(ValueError):
         Layout(6, [(3, 5)])                  # blocks must reach the end
+
+
+@pytest.mark.parametrize("scorer", ["verbalizer", "pointwise"])
+def test_bfloat16_engine_runs_every_method(tiny_model_dir, scorer):
+    """The GPU dtype: the probe's deviation and mass stay float32 whatever the model dtype."""
+    from rcllm.config import METHODS, ModelConfig
+    from rcllm.model.loading import load_model
+
+    loaded = load_model(ModelConfig(path=str(tiny_model_dir), dtype="bfloat16", threads=0))
+    ds = load_dataset("", "synthetic", num_users=10, num_items=40, seed=1)
+    case = build_cases(ds, history_window=4, num_negatives=5, seed=0, max_cases=1)[0]
+    eng = Engine(loaded, ds.items, load(RcllmConfig, None, ["model.dtype=bfloat16"]),
+                 scorer=scorer)
+    eng.build_items(case.candidates)
+    eng.build_history(case.history)
+    req = RankRequest(case.user_id, case.history, case.candidates)
+    for method in METHODS:
+        res = eng.rank(req, method, explain=True)
+        assert sorted(res.ranking) == sorted(case.candidates)
+        assert all(torch.isfinite(torch.tensor(list(res.scores.values()))))

@@ -466,6 +466,8 @@ class Engine:
         t3 = time.perf_counter()
         with torch.inference_mode():
             scores_t, logits, hidden = self.strategy.score(self, prompt, inp, res.hidden_out)
+        if logits.is_cuda:  # the clock stops when the first token's logits exist, not sooner
+            torch.cuda.synchronize(logits.device)
         ttft_ms = (time.perf_counter() - t0) * 1e3
         with torch.inference_mode():
             scores_t = self.strategy.after_first_token(self, prompt, inp, scores_t, logits)

@@ -206,7 +206,7 @@ def _attention_mass(model: Transformer, q: torch.Tensor, idx: torch.Tensor,
     k = k_rot.repeat_interleave(a.num_heads // a.num_kv_heads, dim=0)   # [H, N, D]
     scores = torch.matmul(qs, k.transpose(1, 2)) * model.scale()      # [H, q, N]
     scores.masked_fill_(~layout.visible(idx[rows]), float("-inf"))
-    return torch.softmax(scores, dim=-1).sum(dim=(0, 1))
+    return torch.softmax(scores.float(), dim=-1).sum(dim=(0, 1))
 
 
 def _count_flops(model: Transformer, n: int, computed: torch.Tensor, l0: torch.Tensor,
@@ -309,7 +309,7 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
         r_pos = idx[reused]
         dk = (k1[:, reused] - inp.k_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
         dv = (v1[:, reused] - inp.v_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
-        dev[r_pos] = (dk + dv).sqrt()
+        dev[r_pos] = (dk + dv).float().sqrt()  # float32 whatever the model dtype
         mass1 = None
         if 1 in policy.mass_layers():
             # layer-1 heavy hitters: the answer queries over layer-1 keys as the probe made them
