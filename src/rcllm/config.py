@@ -50,7 +50,7 @@ class ReuseConfig:
     item_ratio: float = opt(0.3, "fraction of reused item tokens recomputed (cacheblend uses it too)")
     history_ratio: float = opt(0.3, "fraction of reused history tokens recomputed")
     window: int = opt(16, "rcllm: first tokens of each chunk recomputed first (in budget)")
-    epic_k: int = opt(2, "epic: first k tokens of each chunk recomputed (EPIC's k = 32 on 512-token chunks is ~6%; 2 on this engine's 16-32-token chunks keeps that proportion)")
+    epic_k: int = opt(2, "epic: first k tokens of each chunk recomputed (EPIC's k = 32 on 512-token chunks is ~6 percent; 2 on this engine's 16-32-token chunks keeps that proportion)")
     attention_weight: float = opt(1.0, "rcllm: weight of the attention mass vs deviation")
     attention_layer: int = opt(0, "rcllm: heavy hitters from layer 0 or layer 1 attention")
     chunk_context: str = opt("template", "chunks built after: \"template\" | \"instruction\" | \"none\"")
