@@ -72,6 +72,18 @@ def test_eval_report_has_references(tiny_model_dir, tmp_path):
     assert (tmp_path / "plots" / "ttft_cdf.png").exists()
 
 
+def test_eval_html_report_renders_tokens_and_rankings(tiny_model_dir, tmp_path):
+    rc = main(["eval", "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
+               "--requests", "2", "--candidates", "5", "--methods", "rcllm",
+               "--html", str(tmp_path / "report")])
+    assert rc == 0
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "data:image/png;base64," in page                     # the TTFT CDF, embedded
+    assert page.count('class="t s-chunk') > 0 and 'class="t s-prefix' in page
+    assert page.count("<h3>user ") == 2 and "KL(full" in page
+    assert "rcllm 0.3/0.3" in page and "http" not in page.split("<main>")[1]
+
+
 def test_rank_one_request(tiny_model_dir, tmp_path, capsys):
     from rcllm.eval.datasets import load_dataset
     from rcllm.commands.common import DEFAULT_SYNTHETIC

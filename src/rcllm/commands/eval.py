@@ -48,6 +48,9 @@ def register(top, bench) -> None:
                    help="add random, popularity and item-kNN (co-occurrence) rows")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.add_argument("--plots", metavar="DIR", help="write ttft_cdf.png (and heatmap.png) here")
+    p.add_argument("--html", metavar="DIR",
+                   help="write DIR/report.html: the table, the plots and two example requests "
+                        "rendered like the /ui page (implies --plots DIR when --plots is unset)")
     p.set_defaults(func=run)
 
 
@@ -94,9 +97,16 @@ def run(args) -> int:
                       else ())
         rows += baseline_rows(ds, cases, known_full, seed=args.seed)
     print(markdown_table(rows, COLUMNS))
-    if args.plots:
-        _plots(args.plots, rows, grid)
-        print(f"plots in {args.plots}")
+    plots = args.plots or args.html
+    if plots:
+        _plots(plots, rows, grid)
+        print(f"plots in {plots}")
+    if args.html:
+        from ..eval.html_report import write_html
+
+        path = write_html(args.html, f"rcllm eval — {ds.name}", rows, COLUMNS, engine, cases,
+                          variants, plots)
+        print(f"wrote {path}")
     if args.json:
         write_report(args.json, "eval", {"engine": cfg, "data": args.data or "synthetic",
                                          "format": args.format, "requests": args.requests,
