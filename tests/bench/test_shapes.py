@@ -106,3 +106,11 @@ def test_cuda_without_a_gpu_is_a_clear_error(monkeypatch, capsys):
     assert "no CUDA device is available" in capsys.readouterr().err
     with pytest.raises(RcllmError, match="cpu or cuda"):
         sh.resolve_device("tpu", None)
+
+
+def test_a_profile_file_is_a_scenario_profile(run):
+    from rcllm.sim.experiments import Scenario
+
+    _, path = run
+    speed = Scenario(profile=str(path)).speed()
+    assert speed.model.num_layers == 2 and speed.full_prefill_ms(TOKENS) > 0

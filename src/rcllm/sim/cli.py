@@ -172,7 +172,9 @@ def register(top, bench) -> None:
     run.add_argument("--requests", type=int, default=10_000)
     run.add_argument("--items", type=int, default=100_000, help="synthetic catalogue size")
     run.add_argument("--profile", default="qwen3-8b@a100",
-                     help="qwen3-8b@a100|qwen3-8b@h100|qwen-72b@a100|qwen-72b@h100")
+                     help="qwen3-8b@a100|qwen3-8b@h100|qwen-72b@a100|qwen-72b@h100, or a "
+                          "profile file (.json) from `bench shapes --profile-out` or "
+                          "`serve --save-profile`")
     run.add_argument("--placement", choices=("community", "hash", "metis"), default=None)
     run.add_argument("--load", type=float, default=0.7,
                      help="offered load relative to Prefix-Cache capacity")

@@ -37,6 +37,12 @@ class Scenario:
     seed: int = 0
 
     def speed(self) -> SpeedProfile:
+        """A built-in profile by name, or a profile file (`bench shapes --profile-out`,
+        `serve --save-profile`) by path."""
+        if self.profile.endswith(".json"):
+            from ..serve.calibrate import load_profile
+
+            return load_profile(self.profile)
         return builtin_profile(self.profile)
 
 
