@@ -66,7 +66,7 @@ class KeyCheck:
 def _checksum(key: str, kind: str, fingerprint: str, tensors: dict[str, torch.Tensor]) -> str:
     crc = zlib.crc32(f"{key}\0{kind}\0{fingerprint}".encode())
     for name in sorted(tensors):
-        t = tensors[name].contiguous()
+        t = tensors[name].contiguous().cpu()  # a CUDA chunk is checksummed on the host
         crc = zlib.crc32(name.encode(), crc)
         crc = zlib.crc32(t.view(torch.uint8).numpy().data if t.numel() else b"", crc)
     return f"{crc:08x}"
