@@ -13,6 +13,7 @@ scores. Every prompt goes through the one selective prefill (`prefill.selective`
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
 import logging
@@ -151,7 +152,7 @@ class UserSideLookup:
     base: object | None = None       # on a miss: the user's entry for a prefix of the history
 
 
-class Scorer:
+class Scorer(abc.ABC):
     """A ranking strategy: builds the prompt of a request (through `source`, a PromptBuilder
     or a PointwisePrompt) and turns the prefill's output slots into one score per candidate
     (higher is better)."""
@@ -169,9 +170,9 @@ class Scorer:
         extra = () if kind == "instruction" else tuple(self.source.context_ids(kind))
         return tuple(self.source.instruction_ids) + extra
 
+    @abc.abstractmethod
     def score(self, engine: "Engine", prompt: Prompt, inp: PrefillInputs, hidden_out):
         """(scores [C], logits, normed hidden) from the output slots' hidden states."""
-        raise NotImplementedError
 
     def after_first_token(self, engine: "Engine", prompt: Prompt, inp: PrefillInputs,
                           scores: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
 from rcllm.serve.app import create_app  # noqa: E402
 from rcllm.serve.server import start_in_thread  # noqa: E402

@@ -10,7 +10,7 @@ import copy
 import httpx
 import pytest
 
-schemathesis = pytest.importorskip("schemathesis")
+import schemathesis
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402

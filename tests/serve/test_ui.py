@@ -148,19 +148,16 @@ def test_rcllm_serve_lists_its_dataset_users(tiny_model_dir):
 
 # ---- the page in a real browser ------------------------------------------------------------
 def chromium_driver():
-    """A headless Chromium at 1280x800 (Debian's chromium + chromium-driver), or a skip that
-    says what is missing."""
+    """A headless Chromium at 1280x800 (Debian's chromium + chromium-driver, installed by
+    `scripts/setup.sh --dev`); a failure that says what is missing otherwise."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")
     if not binary or not driver:
-        pytest.skip("no browser: needs Debian's chromium and chromium-driver "
-                    "(apt-get install -y chromium chromium-driver; .ci/run installs them)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.options import Options
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("selenium is not installed (pip install -e '.[dev]')")
+        pytest.fail("no browser: needs Debian's chromium and chromium-driver "
+                    "(bash scripts/setup.sh --dev installs them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
     opts = Options()
     opts.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

@@ -1,4 +1,3 @@
-import importlib.util
 
 import numpy as np
 import pytest
@@ -44,7 +43,6 @@ def test_placements_hot_and_shards():
         build_locality(w, 8, "nope")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("rcllm.sharding") is None, reason="no rcllm.sharding")
 def test_metis_placement_beats_hash_on_hit_rate():
     w = synthetic_workload(SyntheticSpec(num_items=2000, num_requests=500,
                                          placement_requests=1500, num_communities=16))
@@ -55,7 +53,6 @@ def test_metis_placement_beats_hash_on_hit_rate():
     assert best_hits(metis) > best_hits(build_locality(w, 8, "hash")) + 0.1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("rcllm.eval") is None, reason="no rcllm.eval")
 def test_trace_workload_from_eval_protocol():
     from rcllm.sim.traces import trace_workload
     w = trace_workload("", "synthetic", num_requests=300, num_users=40, num_items=100)
@@ -65,7 +62,6 @@ def test_trace_workload_from_eval_protocol():
     assert w.retrieval_recall is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("rcllm.eval") is None, reason="no rcllm.eval")
 def test_trace_workload_with_retrieved_candidates():
     from rcllm.sim.traces import trace_workload
     opts = dict(num_requests=300, num_users=40, num_items=100)
