@@ -135,3 +135,25 @@ def test_reuse_aware_scores_equal_the_engine_reusing_stored_item_kv(tiny_ft_conf
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert (got - plain).abs().max() > 1e-4  # the chunks really saw less than in full
     _assert_gradient_reaches_every_factor(t)
+
+
+def test_warm_start_copies_a_matching_adapter_and_refuses_another(tiny_ft_config, fav_dataset,
+                                                                  tmp_path):
+    """train.init starts from a finished adapter's factors (the key names it by checksum), and
+    refuses one trained on another user split (it could have seen this run's held-out users)."""
+    from rcllm.errors import RcllmError
+    from rcllm.finetune.trainer import run_key
+
+    _trainer(tiny_ft_config(steps=4), fav_dataset, tmp_path / "std").run(progress=False)
+    factors, manifest = read_adapter(tmp_path / "std")
+    cfg = tiny_ft_config(steps=4, reuse=True, init=str(tmp_path / "std"))
+    t = _trainer(cfg, fav_dataset, tmp_path / "warm")
+    for k, v in factors.items():
+        torch.testing.assert_close(t.lora.factors[k].detach(), v)
+    assert cfg.key_fields()["train"]["init"] == manifest["sha256"]
+    assert run_key("m", "d", cfg) != run_key("m", "d", tiny_ft_config(steps=4, reuse=True))
+    t.run(progress=False)
+    assert read_adapter(tmp_path / "warm")[1]["train"]["init_sha256"] == manifest["sha256"]
+    other = tiny_ft_config(steps=4, init=str(tmp_path / "std"), split_seed=1)
+    with pytest.raises(RcllmError, match="split"):
+        _trainer(other, fav_dataset, tmp_path / "other")

@@ -63,6 +63,10 @@ class TrainConfig:
                              "chunk sees only its template context and itself, as the chunk "
                              "store holds it, while the block tail sees everything; the adapter "
                              "then serves with naive reuse by default")
+    init: str = opt("", "start from this finished adapter's factors (folder) instead of B = 0: "
+                        "a curriculum, e.g. a reuse-aware run warm-started from a standard "
+                        "adapter; it must share this run's model, data, user split, prompt and "
+                        "LoRA shape (so no held-out user was ever trained on)")
     candidates: int = opt(8, "candidates per training prompt (target + popularity negatives)")
     targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
@@ -122,4 +126,8 @@ class FinetuneConfig:
             tree["model"].pop(name)
         for name in ("checkpoint_every", "log_every"):
             tree["train"].pop(name)
+        if self.train.init:  # the starting factors by content, not by where they lie
+            from .adapter import read_manifest
+
+            tree["train"]["init"] = read_manifest(self.train.init)["sha256"]
         return tree

@@ -41,7 +41,7 @@ from ..prefill.selection import SelectionPolicy
 from ..prefill.selective import Layout, PrefillInputs, prefill
 from ..prompt.builder import PromptBuilder, RankRequest
 from ..records import Dataset, UserId
-from .adapter import read_manifest, save_adapter, write_atomic
+from .adapter import read_adapter, read_manifest, save_adapter, write_atomic
 from .config import FinetuneConfig
 from .data import ExampleStream, dataset_digest
 from .lora import Lora, LoraPatch
@@ -86,6 +86,9 @@ class Trainer:
                                     t.candidates, t.seed)
         self.lora = Lora.init(self.model.arch, cfg.lora, t.seed, self.model.dtype,
                               str(self.model.device))
+        self.init_sha256 = None
+        if t.init:
+            self._warm_start(t.init)
         self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
         self.state = TrainState()
         self.pointwise = None
@@ -94,6 +97,30 @@ class Trainer:
             from ..userprefix.prompt import PointwisePrompt
 
             self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
+
+    def _warm_start(self, path: str) -> None:
+        """Copies a finished adapter's factors in, after checking that it was trained on the
+        same model, data, user split, prompt and LoRA shape (a different split could have
+        trained on this run's held-out users)."""
+        factors, m = read_adapter(path)
+        cfg, t = self.cfg, self.cfg.train
+        want = {"base_fingerprint": self.loaded.fingerprint, "rank": cfg.lora.rank,
+                "alpha": cfg.lora.alpha, "targets": list(cfg.lora.target_list),
+                "first_layer": cfg.lora.first_layer, "prompt": asdict(cfg.prompt),
+                "split": {"fractions": list(t.fractions), "seed": t.split_seed},
+                "data.digest": dataset_digest(self.ds)}
+        have = {**m, "data.digest": m.get("data", {}).get("digest")}
+        bad = [k for k, v in want.items() if have.get(k) != v]
+        if bad:
+            raise RcllmError(f"train.init={path} does not match this run in {', '.join(bad)}; "
+                             f"warm-start only from an adapter of the same model, data, user "
+                             f"split, prompt and LoRA shape")
+        if set(factors) != set(self.lora.factors):
+            raise RcllmError(f"train.init={path} holds other LoRA factors than this run")
+        with torch.no_grad():
+            for k, p in self.lora.factors.items():
+                p.copy_(factors[k].to(p.dtype))
+        self.init_sha256 = m["sha256"]
 
     # ---- one step -----------------------------------------------------------------------
     def loss_at(self, step: int) -> tuple[torch.Tensor, bool]:
@@ -264,7 +291,8 @@ class Trainer:
             "split": {"fractions": list(fr), "seed": t.split_seed},
             "data": {"name": self.ds.name, "digest": dataset_digest(self.ds),
                      "train_users": len(self.train_users), "examples": len(self.stream)},
-            "train": asdict(t), "model": {"dtype": self.cfg.model.dtype,
+            "train": {**asdict(t), "init_sha256": self.init_sha256},
+            "model": {"dtype": self.cfg.model.dtype,
                                           "threads": self.cfg.model.threads},
             "loss_curve": curve, "train_seconds": round(self.state.elapsed_s, 1),
         }
