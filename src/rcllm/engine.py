@@ -317,10 +317,15 @@ class Engine:
         return ChunkKV(tuple(ids), out["k"], out["v"])
 
     def ensure_chunk(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> bool:
-        """Builds and stores the chunk if absent; returns True when it was built."""
+        """Builds and stores the chunk if absent; returns True when it was built. On a store
+        with `build_now` (kvstore.front.StoreFront) a build of the same key in flight is
+        joined, not repeated."""
         key = self.chunk_key(kind, ids, reuse)
         if self.store.contains(key):
             return False
+        build_now = getattr(self.store, "build_now", None)
+        if build_now is not None:
+            return build_now(key, lambda: self.compute_chunk(kind, ids, reuse))
         self.store.put(key, self.compute_chunk(kind, ids, reuse))
         return True
 
@@ -554,15 +559,24 @@ class Engine:
 
     def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, misses,
                user) -> None:
-        """Off the timed path: exact prompts feed the prefix cache, misses feed the store, a
+        """After the answer: exact prompts feed the prefix cache, misses feed the store (built
+        on the store's builder thread when it has one, so the response does not wait), a
         pointwise user side feeds the user-prefix cache."""
         shared = len(prompt)
         if reuse.prefix_insert and reuse.method in ("full", "prefix"):
             upto = shared if prompt.blocks else shared - 1
             self.prefix.insert(prompt.token_ids, inp.k_buf, inp.v_buf, upto)
-        if reuse.cache_misses:
-            for kind, ids in misses:
+        # misses: built behind the answer, once per key, on a store that can (StoreFront)
+        behind = getattr(self.store, "build_behind", None)
+        count_miss = getattr(self.store, "count_miss", None)
+        for kind, ids in misses:
+            if reuse.cache_misses and behind is not None:
+                behind(self.chunk_key(kind, ids, reuse), kind,
+                       lambda kind=kind, ids=ids: self.compute_chunk(kind, ids, reuse))
+            elif reuse.cache_misses:
                 self.ensure_chunk(kind, ids, reuse)
+            elif count_miss is not None:
+                count_miss(kind)
         if user is not None and user.entry is None:
             from .userprefix.entry import CachedPrefix
             from .userprefix.kv import PrefixKV, StoredKV

@@ -26,7 +26,7 @@ def test_engine_chunks_pass_the_check_and_reach_disk(tiny_model_dir, tmp_path):
     res = engine.rank(RankRequest(case.user_id, case.history, case.candidates), "naive",
                       chunk_context="instruction")   # a per-request context is keyed apart
     engine.store.flush()
-    disk = engine.store.lower[0]
+    disk = engine.store.inner.lower[0]
     assert res.stats["chunk_misses"] > 0 and disk.rejected == 0
     assert len(disk) == res.stats["chunk_misses"]
     ids = engine.builder.item_chunk(case.candidates[0])

@@ -16,6 +16,8 @@ from typing import NewType, Protocol, Sequence
 
 import torch
 
+from .latency import TierLatency, timed
+
 ChunkKey = NewType("ChunkKey", str)
 
 
@@ -78,7 +80,9 @@ class MemoryLRUStore:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.latency = TierLatency()
 
+    @timed("get")
     def get(self, key: ChunkKey) -> ChunkKV | None:
         with self._lock:
             entry = self._entries.get(key)
@@ -89,6 +93,7 @@ class MemoryLRUStore:
             self.hits += 1
             return entry
 
+    @timed("put")
     def put(self, key: ChunkKey, value: ChunkKV) -> None:
         size = value.nbytes
         if size > self.capacity_bytes:

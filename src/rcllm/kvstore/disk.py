@@ -40,6 +40,7 @@ from pathlib import Path
 from ..errors import RcllmError
 from .base import ChunkKey, ChunkKV
 from .codec import InvalidEntry, KeyCheck, decode, encode_checked, read_metadata
+from .latency import TierLatency, timed
 
 log = logging.getLogger(__name__)
 SUFFIX = ".rckv"
@@ -107,6 +108,12 @@ class DiskStore:
         self._bad: set[Path] = set()        # foreign entries found invalid (never deleted)
         self.hits = self.misses = self.evictions = self.corrupt = self.rejected = 0
         self.foreign_hits = 0
+        self.latency = TierLatency()
+        # by base kind (item, history): a miss has no token ids, so misses are not split
+        self._kinds: dict[ChunkKey, str] = {}              # own entries' base kind
+        self.kind_hits: dict[str, int] = {}
+        self.kind_puts: dict[str, int] = {}
+        self.kind_bytes: dict[str, int] = {}
         claim_folder(self.root)
         self.slot, self._lock_fd = self._claim_slot()
         self._reindex()
@@ -182,21 +189,37 @@ class DiskStore:
                 if self._path(meta["key"]) != path:
                     raise InvalidEntry("file name does not match its key")
                 st = path.stat()
-                found.append((st.st_mtime_ns, meta["key"], st.st_size))
+                found.append((st.st_mtime_ns, meta["key"], st.st_size, meta.get("kind", "")))
             except (OSError, InvalidEntry) as exc:
                 log.warning("dropping unreadable KV file %s: %s", path, exc)
                 self.corrupt += 1
                 path.unlink(missing_ok=True)
-        for _, key, size in sorted(found):
+        for _, key, size, kind in sorted(found):
             self._index[ChunkKey(key)] = size
             self._nbytes += size
+            self._count_bytes(ChunkKey(key), kind, size)
         self._evict_locked(0)
 
+    def _count_bytes(self, key: ChunkKey, kind: str, size: int) -> None:
+        base = KeyCheck.base_kind(kind) or "unknown"
+        self._kinds[key] = base
+        self.kind_bytes[base] = self.kind_bytes.get(base, 0) + size
+
+    def _count_hit(self, kind: str | None) -> None:
+        base = KeyCheck.base_kind(kind or "") or "unknown"
+        self.kind_hits[base] = self.kind_hits.get(base, 0) + 1
+
     def _drop_locked(self, key: ChunkKey) -> None:
+        self._drop_locked_index(key)
+        self._path(key).unlink(missing_ok=True)
+
+    def _drop_locked_index(self, key: ChunkKey) -> None:
+        """Forgets `key`'s accounting (its file is about to be replaced)."""
         size = self._index.pop(key, None)
         if size is not None:
             self._nbytes -= size
-        self._path(key).unlink(missing_ok=True)
+            base = self._kinds.pop(key, "unknown")
+            self.kind_bytes[base] = self.kind_bytes.get(base, 0) - size
 
     def _evict_locked(self, incoming_bytes: int) -> None:
         while self._index and self._nbytes + incoming_bytes > self.capacity_bytes:
@@ -205,6 +228,7 @@ class DiskStore:
             self.evictions += 1
 
     # ---- KVStore ----------------------------------------------------------------------------
+    @timed("get")
     def get(self, key: ChunkKey) -> ChunkKV | None:
         with self._lock:
             own = key in self._index
@@ -229,6 +253,7 @@ class DiskStore:
             return None
         with self._lock:
             self.hits += 1
+            self._count_hit(self._kinds.get(key))
         return value
 
     def _get_foreign(self, key: ChunkKey) -> ChunkKV | None:
@@ -252,11 +277,13 @@ class DiskStore:
             with self._lock:
                 self.hits += 1
                 self.foreign_hits += 1
+                self._count_hit(read_metadata(data).get("kind"))
             return value
         with self._lock:
             self.misses += 1
         return None
 
+    @timed("put")
     def put(self, key: ChunkKey, value: ChunkKV) -> None:
         data = encode_checked(key, value, self.encoding, self.check)
         if data is None:
@@ -274,14 +301,16 @@ class DiskStore:
         except OSError:
             tmp.unlink(missing_ok=True)
             raise
+        kind = read_metadata(data).get("kind", "")
         with self._lock:
-            old = self._index.pop(key, None)
-            if old is not None:
-                self._nbytes -= old
+            self._drop_locked_index(key)
             self._evict_locked(len(data))
             os.replace(tmp, path)
             self._index[key] = len(data)
             self._nbytes += len(data)
+            self._count_bytes(key, kind, len(data))
+            base = self._kinds[key]
+            self.kind_puts[base] = self.kind_puts.get(base, 0) + 1
 
     def contains(self, key: ChunkKey) -> bool:
         with self._lock:
@@ -312,6 +341,8 @@ class DiskStore:
         """Index bytes = sum of entries = sizes on disk; within budget; no unindexed files."""
         with self._lock:
             assert sum(self._index.values()) == self._nbytes, "byte accounting off"
+            assert sum(self.kind_bytes.values()) == self._nbytes, "per-kind bytes off"
+            assert set(self._kinds) == set(self._index), "per-kind index off"
             assert self._nbytes <= self.capacity_bytes, "disk tier over its byte budget"
             paths = {self._path(k): size for k, size in self._index.items()}
             for path, size in paths.items():

@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from .base import ChunkKey, ChunkKV
 from .codec import InvalidEntry, KeyCheck, decode, encode_checked
+from .latency import TierLatency, timed
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class RedisStore:
         self._lock = threading.Lock()
         self._open_until = 0.0  # monotonic time until which the circuit is open
         self.hits = self.misses = self.errors = self.skipped = self.corrupt = self.rejected = 0
+        self.latency = TierLatency()
 
     def _available(self) -> bool:
         if time.monotonic() < self._open_until:
@@ -67,6 +69,7 @@ class RedisStore:
                 self._index[key] = size
                 self._nbytes += size
 
+    @timed("get")
     def get(self, key: ChunkKey) -> ChunkKV | None:
         data = None
         if self._available():
@@ -96,6 +99,7 @@ class RedisStore:
             self.hits += 1
         return value
 
+    @timed("put")
     def put(self, key: ChunkKey, value: ChunkKV) -> None:
         data = encode_checked(key, value, self.encoding, self.check)
         if data is None:

@@ -1,7 +1,8 @@
 """The chunk store an engine runs on: tiers put together, and entry checks for its real keys.
 
 `build_store` makes memory (optionally split by chunk kind, so client-supplied reviews have
-their own budget) → local disk → Redis (each optional). `engine_key_check(engine)` is the `KeyCheck` of an
+their own budget) → local disk → Redis (each optional), behind a `StoreFront` (misses built
+behind the request, once per key; counters per chunk kind). `engine_key_check(engine)` is the `KeyCheck` of an
 engine's fingerprint and every kind tag it keys chunks under (`item@<context>`,
 `history@<context>` for each chunk context), and `attach_check` hands it to every tier that
 validates entries. The engine is duck-typed here (this package sits below it).
@@ -17,6 +18,7 @@ from typing import Mapping
 
 from .base import ChunkKey, ChunkKV, KVStore, MemoryLRUStore
 from .codec import KeyCheck
+from .front import StoreFront
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,9 @@ def tiers(store) -> list:
     while todo:
         s = todo.pop(0)
         out.append(s)
+        if isinstance(s, StoreFront):
+            todo.append(s.inner)
+            continue
         todo += [getattr(s, "memory", None)] if hasattr(s, "memory") else []
         todo += list(getattr(s, "lower", ()))
         todo += list(getattr(s, "partitions", {}).values())
@@ -73,16 +78,26 @@ def attach_check(store, check: KeyCheck) -> int:
 
 
 TIER_COUNTERS = ("hits", "misses", "corrupt", "rejected", "evictions", "errors")
+FRONT = "all"      # tier_stats' row of the StoreFront: the whole store as the engine sees it
 
 
-def tier_stats(store) -> dict[str, dict[str, int]]:
-    """Counters, bytes and entries of every leaf tier of `store`, by tier name (memory,
-    memory-<kind> for a partitioned memory tier, disk, redis; a repeated name gets -<n>)."""
-    out: dict[str, dict[str, int]] = {}
+def tier_stats(store) -> dict[str, dict[str, float]]:
+    """Flat numbers of every leaf tier of `store`, by tier name (memory, memory-<kind> for a
+    partitioned memory tier, disk, redis; a repeated name gets -<n>): its counters, bytes,
+    entries, get/put latency histogram (`latency.TierLatency.row`) and, for the disk tier,
+    `kind_{hits,puts,bytes}:<kind>`. A StoreFront adds the row `all` (`StoreFront.stats`:
+    hits and misses per chunk kind, the build-behind counters, the whole lookup's latency)."""
+    out: dict[str, dict[str, float]] = {}
 
     def add(name: str, tier) -> None:
-        row = {c: int(getattr(tier, c)) for c in TIER_COUNTERS if hasattr(tier, c)}
+        row: dict[str, float] = {c: int(getattr(tier, c)) for c in TIER_COUNTERS
+                                 if hasattr(tier, c)}
         row["bytes"], row["entries"] = int(tier.nbytes), len(tier)
+        if hasattr(tier, "latency"):
+            row.update(tier.latency.row())
+        for counter in ("hits", "puts", "bytes"):
+            for kind, n in dict(getattr(tier, f"kind_{counter}", {})).items():
+                row[f"kind_{counter}:{kind}"] = n
         key, n = name, 1
         while key in out:
             n += 1
@@ -90,7 +105,10 @@ def tier_stats(store) -> dict[str, dict[str, int]]:
         out[key] = row
 
     def walk(s, name: str) -> None:
-        if isinstance(s, PartitionedStore):
+        if isinstance(s, StoreFront):
+            out[FRONT] = s.stats()
+            walk(s.inner, name)
+        elif isinstance(s, PartitionedStore):
             walk(s.default, name)
             for kind, part in s.partitions.items():
                 walk(part, f"{name}-{kind}")
@@ -107,7 +125,8 @@ def tier_stats(store) -> dict[str, dict[str, int]]:
 
 
 def close_store(store) -> None:
-    """Drains write-behind (TieredStore) and releases disk slots; safe on any store."""
+    """Runs queued builds (StoreFront), drains write-behind (TieredStore) and releases disk
+    slots, outermost first; safe on any store."""
     for s in tiers(store):
         close = getattr(s, "close", None)
         if close is not None:
@@ -187,8 +206,9 @@ def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
                 encoding: str = "raw", redis_url: str | None = None) -> KVStore:
     """Memory (with a separate `history_bytes` budget for review chunks when given), then a
     DiskStore at `kv_dir`, then Redis at `redis_url`, each when given, behind read-through and
-    write-behind (TieredStore). `encoding` ("raw" | "int8") applies to disk and Redis. Attach the
-    engine's KeyCheck once the engine exists (`attach_check(store, engine_key_check(engine))`)."""
+    write-behind (TieredStore), all behind a StoreFront (build-behind with singleflight, counts
+    per chunk kind). `encoding` ("raw" | "int8") applies to disk and Redis. Attach the engine's
+    KeyCheck once the engine exists (`attach_check(store, engine_key_check(engine))`)."""
     memory: KVStore = MemoryLRUStore(memory_bytes)
     if history_bytes is not None:
         memory = PartitionedStore(memory, {"history": MemoryLRUStore(history_bytes)})
@@ -203,7 +223,7 @@ def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
         host, port = parse_redis_url(redis_url)
         lower.append(RedisStore(host, port, encoding=encoding))
     if not lower:
-        return memory
+        return StoreFront(memory)
     from .tiered import TieredStore
 
-    return TieredStore(memory, lower)
+    return StoreFront(TieredStore(memory, lower))

@@ -1,0 +1,149 @@
+"""StoreFront: misses built behind the answer, once per key; counts per chunk kind; per-tier
+latency and the disk tier's per-kind counters in `tier_stats`."""
+
+import dataclasses
+import threading
+import time
+
+from kv_helpers import FP, make_entry
+
+from rcllm.kvstore.base import MemoryLRUStore, chunk_key
+from rcllm.kvstore.codec import KeyCheck
+from rcllm.kvstore.disk import DiskStore
+from rcllm.kvstore.front import StoreFront
+from rcllm.kvstore.tiered import TieredStore
+from rcllm.kvstore.wiring import build_store, close_store, tier_stats
+
+
+def test_concurrent_misses_of_one_chunk_compute_it_once():
+    key, kv = make_entry(1)
+    store = StoreFront(MemoryLRUStore(1 << 20), check=KeyCheck(FP))
+    release, calls = threading.Event(), []
+
+    def compute():
+        calls.append(1)
+        release.wait(5)
+        return kv
+
+    assert store.build_behind(key, "item@x", compute)           # queued: never blocks
+    assert not store.build_behind(key, "item@x", compute)       # already building: shared
+    joined = []
+    t = threading.Thread(target=lambda: joined.append(store.build_now(key, compute)))
+    t.start()                                                   # joins the build in flight
+    time.sleep(0.2)
+    assert store.get(key) is None                               # not built yet
+    release.set()
+    t.join(5)
+    store.flush()
+    assert len(calls) == 1 and store.get(key) is not None
+    st = store.stats()
+    assert st["build_queued"] == 1 and st["build_shared"] == 1 and st["build_queue"] == 0
+    assert st["kind_misses:item"] == 2 and st["kind_hits:item"] == 1
+    assert st["get_count"] == 2 and st["get_le_1"] == 2
+    store.check_invariants()
+    store.close()
+
+
+def test_a_full_build_queue_drops_and_a_failing_build_is_counted():
+    store = StoreFront(MemoryLRUStore(1 << 20), queue_size=1)
+    gate = threading.Event()
+    entries = [make_entry(i) for i in range(4)]
+
+    def slow(kv):
+        def run():
+            gate.wait(5)
+            return kv
+        return run
+
+    store.build_behind(entries[0][0], "item", slow(entries[0][1]))   # running (or queued)
+    time.sleep(0.1)
+    store.build_behind(entries[1][0], "item", slow(entries[1][1]))   # queued
+    assert not store.build_behind(entries[2][0], "item", slow(entries[2][1]))   # full
+    gate.set()
+    store.flush()
+
+    def boom():
+        raise RuntimeError("no")
+
+    store.build_behind(entries[3][0], "history", boom)
+    store.flush()
+    st = store.stats()
+    assert st["build_dropped"] == 1 and st["build_errors"] == 1 and st["build_built"] == 2
+    assert len(store) == 2 and st["kind_misses:history"] == 1
+    store.close()
+    assert not store.build_behind(entries[2][0], "item", slow(entries[2][1]))   # closed
+
+
+def test_tier_stats_have_latency_and_disk_counters_by_kind(tmp_path):
+    check = KeyCheck(FP, ("item@c", "history@c"))
+
+    def entry(kind, seed):
+        _, kv = make_entry(seed)
+        return chunk_key(FP, kind, kv.token_ids), kv
+
+    store = build_store(1 << 20, tmp_path / "kv", 1 << 30, history_bytes=1 << 20)
+    assert isinstance(store, StoreFront) and isinstance(store.inner, TieredStore)
+    store.check = check
+    for s in (store.inner.lower[0],):
+        s.check = check
+    store.inner.memory.check = check
+    items = [entry("item@c", i) for i in range(3)]
+    reviews = [entry("history@c", 10 + i) for i in range(2)]
+    for key, kv in items + reviews:
+        store.put(key, kv)
+    store.flush()
+    fresh = StoreFront(TieredStore(MemoryLRUStore(1 << 20),
+                                   [DiskStore(tmp_path / "kv", 1 << 30, check)]), check=check)
+    for key, _ in items + reviews:             # served by the other slot of the folder
+        assert fresh.get(key) is not None
+    rows = tier_stats(store)
+    disk = rows["disk"]
+    assert disk["kind_puts:item"] == 3 and disk["kind_puts:history"] == 2
+    assert disk["kind_bytes:item"] + disk["kind_bytes:history"] == disk["bytes"] > 0
+    assert disk["put_count"] == 5 and disk["put_sum_s"] > 0
+    assert rows["memory"]["put_count"] == 3 and rows["memory-history"]["put_count"] == 2
+    other = tier_stats(fresh)
+    assert other["disk"]["kind_hits:item"] == 3 and other["disk"]["kind_hits:history"] == 2
+    assert other["all"]["kind_hits:item"] == 3 and other["all"]["get_count"] == 5
+    assert other["disk"]["get_le_1"] == 5
+    store.check_invariants()
+    fresh.check_invariants()
+    close_store(fresh)
+    close_store(store)
+
+
+def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
+    """Write-back off the request path: a rank returns while its chunk builds still wait; they
+    land afterwards, once each, and the next identical request hits every chunk."""
+    from rcllm.commands.common import DEFAULT_SYNTHETIC
+    from rcllm.commands.engine_setup import make_stored_engine
+    from rcllm.config import ModelConfig, RcllmConfig
+    from rcllm.eval.datasets import load_dataset
+    from rcllm.eval.protocol import build_cases
+    from rcllm.prompt.builder import RankRequest
+
+    ds = load_dataset("", "synthetic", **DEFAULT_SYNTHETIC)
+    cfg = dataclasses.replace(RcllmConfig(), model=ModelConfig(path=str(tiny_model_dir),
+                                                               threads=0))
+    engine = make_stored_engine(cfg, dict(ds.items), history_bytes=64 << 20)
+    case = build_cases(ds, history_window=10, num_negatives=4, seed=0, max_cases=1)[0]
+    req = RankRequest(case.user_id, case.history, case.candidates)
+    gate = threading.Event()
+    compute = engine.compute_chunk
+    engine.compute_chunk = lambda *a, **k: (gate.wait(10), compute(*a, **k))[1]
+    first = engine.rank(req, "naive")            # returns although no build may run yet
+    st = engine.store.stats()
+    assert first.stats["chunk_misses"] > 0 and st["build_queue"] == first.stats["chunk_misses"]
+    assert len(engine.store) == 0
+    gate.set()
+    engine.store.flush()
+    st = engine.store.stats()
+    assert st["build_built"] == first.stats["chunk_misses"] and st["build_queue"] == 0
+    assert st["kind_misses:item"] + st["kind_misses:history"] == first.stats["chunk_misses"]
+    again = engine.rank(req, "naive")
+    assert again.stats["chunk_misses"] == 0
+    st = engine.store.stats()
+    assert st["kind_hits:item"] == len(case.candidates)
+    assert st["kind_hits:history"] == again.stats["chunk_hits"] - len(case.candidates)
+    engine.store.check_invariants()
+    close_store(engine.store)
