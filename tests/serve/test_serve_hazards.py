@@ -120,8 +120,9 @@ def test_client_reviews_cannot_evict_catalog_items(tiny_model_dir, synthetic, ra
                                                         for _ in range(60))}
                                for h in body["history"]]
             host.rank({**body, "method": "naive"})
+        engine.store.flush()                    # the reviews' KV is built behind the answers
         assert len(host.cached_items()) == len(synthetic.items)
-        history = engine.store.partitions["history"]
+        history = engine.store.inner.partitions["history"]
         assert history.evictions > 0 and history.nbytes <= items_bytes // 20
     finally:
         host.close()
@@ -152,8 +153,17 @@ def test_corrupt_disk_entry_is_recomputed_and_counted_in_metrics(tiny_model_dir,
             assert 'rcllm_kv_tier_corrupt_total{tier="disk"} 1.0' in text
             assert f'rcllm_kv_tier_hits_total{{tier="disk"}} {n_items - 1}.0' in text
             assert 'rcllm_kv_tier_bytes{tier="memory-history"}' in text
+            # per-tier latency and per-kind counters (the disk tier's split by kind)
+            lookups = out["stats"]["chunk_hits"] + out["stats"]["chunk_misses"]
+            for tier in ("all", "disk"):             # every lookup missed memory
+                assert f'rcllm_kv_tier_get_seconds_count{{tier="{tier}"}} {lookups}.0' in text
+                assert f'rcllm_kv_tier_get_seconds_bucket{{le="+Inf",tier="{tier}"}}' in text
+            assert f'rcllm_kv_tier_kind_hits_total{{kind="item",tier="disk"}} {n_items - 1}.0' \
+                in text
+            assert f'rcllm_cache_hits_total{{kind="item"}} {n_items - 1}.0' in text
+            assert 'rcllm_cache_misses_total{kind="history"}' in text
             engine.store.flush()                 # the recomputed chunk is stored again
-            assert len(engine.store.lower[0]) >= n_items
+            assert len(engine.store.inner.lower[0]) >= n_items
             again = c.post("/v1/rank", json=body).json()
             assert again["stats"]["chunk_misses"] == 0
     finally:

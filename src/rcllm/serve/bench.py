@@ -1,25 +1,37 @@
-"""`rcllm bench serve`: 1 vs K instances and routing policies at one fixed QPS, one run.
+"""`rcllm bench serve`: 1 vs K instances and routing policies at one fixed QPS, one run; and,
+as options, the deployment's targets in that run: a Redis tier, warm-up over the workload,
+then a Redis kill + restart, a soak above capacity with the servers' RSS, an instance kill.
 
 Every configuration serves the same requests (leave-last-out cases of the workload) over
 HTTP on loopback through the Ray deployment (K = 1 too, so instance count is the only
-difference), and the ratios are against the first configuration.
+difference), and the ratios are against the first configuration. Per configuration the phases
+run in this order, each its own row: warm-up (`--warmup N|all` bodies), steady (the workload
+at `--qps`: hit ratio after warm-up, HTTP latency over the engine's own TTFT), redis-fault
+(`--fault-redis`), soak (`--soak-s S` at `--soak-load` × capacity, capacity = K / the steady
+phase's median latency), instance-fault (`--fault-instance`, last: the deployment has K − 1
+instances after it).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
+from ..errors import RcllmError
 from ..report import markdown_table
 
-COLUMNS = ("config", "ok", "rejected_429", "failed", "throughput_rps", "throughput_vs_first",
-           "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms", "ttft_p99_ms", "chunk_hit_ratio",
-           "fetched_items", "recomputed_fraction", "per_instance")
+COLUMNS = ("config", "phase", "sent", "ok", "rejected_429", "failed", "throughput_rps",
+           "throughput_vs_first", "latency_p50_ms", "latency_p99_ms", "ttft_p50_ms",
+           "ttft_p99_ms", "http_over_engine_ttft_p50", "chunk_hit_ratio", "fetched_items",
+           "recomputed_fraction", "per_instance")
 
 
 def register_bench(bench) -> None:
     from ..commands.common import add_data_options, add_engine_options
 
-    p = bench.add_parser("serve", help="serving throughput / TTFT, 1 vs K instances, policies")
+    p = bench.add_parser("serve", help="serving throughput / TTFT, 1 vs K instances, policies; "
+                                       "faults and a soak as options")
     add_engine_options(p)
     add_data_options(p, requests=40)
     p.add_argument("--qps", type=float, default=2.0, help="arrival rate (default 2)")
@@ -27,6 +39,26 @@ def register_bench(bench) -> None:
                    help="comma list of INSTANCES:POLICY (default 1:affinity,2:affinity,"
                         "2:round-robin)")
     p.add_argument("--queue-size", type=int, default=64, help="admission per instance")
+    p.add_argument("--adapter", metavar="PATH", help="serve this tuned ranker (as `serve`)")
+    p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
+                   help="default: the adapter's, else verbalizer")
+    p.add_argument("--redis-local", action="store_true",
+                   help="a private redis-server for the run, the Redis tier of every instance")
+    p.add_argument("--kv-encoding", choices=("raw", "int8"), default="raw",
+                   help="encoding of the disk and Redis tiers")
+    p.add_argument("--warmup", default="2", metavar="N|all",
+                   help="bodies sent before measuring (all = the whole workload once; "
+                        "default 2)")
+    p.add_argument("--fault-redis", action="store_true",
+                   help="phase: the workload again, Redis killed at 1/3 and restarted at 2/3 "
+                        "(needs --redis-local)")
+    p.add_argument("--soak-s", type=float, default=0.0, metavar="S",
+                   help="phase: S seconds at --soak-load x capacity, RSS of every server "
+                        "process sampled (default 0 = off)")
+    p.add_argument("--soak-load", type=float, default=2.0, help="soak rate over capacity")
+    p.add_argument("--fault-instance", action="store_true",
+                   help="phase (last): the workload again, instance 0 killed at 1/3")
+    p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     p.set_defaults(func=run)
 
 
@@ -34,6 +66,37 @@ def _bodies(cases) -> list[dict]:
     return [{"user_id": c.user_id, "candidates": list(c.candidates),
              "history": [{"item_id": h.item_id, "rating": h.rating, "review": h.review,
                           "timestamp": h.timestamp} for h in c.history]} for c in cases]
+
+
+def _warmup_count(arg: str, n: int) -> int:
+    if arg == "all":
+        return n
+    try:
+        return max(0, min(n, int(arg)))
+    except ValueError:
+        raise RcllmError(f"--warmup {arg!r}: give a number or all") from None
+
+
+def _phases(args, backend, url: str, bodies: list[dict], redis) -> list[tuple[str, dict]]:
+    """The measured phases of one configuration, in order (module docstring)."""
+    from . import phases
+    from .loadgen import run_load
+
+    out = [("steady", run_load(url, bodies, args.qps))]
+    if args.fault_redis:
+        out.append(("redis-fault", phases.redis_fault(url, bodies, args.qps, redis,
+                                                      backend.store_stats)))
+    if args.soak_s > 0:
+        k = len(backend.instances)
+        capacity = k * 1e3 / max(1.0, out[0][1]["latency_p50_ms"])
+        pids = {"router+http": os.getpid(),
+                **{f"instance{i}": pid for i, pid in enumerate(backend.pids())}}
+        res = phases.soak(url, bodies, args.soak_load * capacity, args.soak_s, pids)
+        res["capacity_rps"], res["offered_rps"] = capacity, args.soak_load * capacity
+        out.append(("soak", res))
+    if args.fault_instance:
+        out.append(("instance-fault", phases.instance_fault(url, bodies, args.qps, backend, 0)))
+    return out
 
 
 def run(args) -> int:
@@ -45,24 +108,63 @@ def run(args) -> int:
     from .settings import ServeSettings
     from .spec import EngineSpec
 
+    if args.fault_redis and not args.redis_local:
+        raise RcllmError("--fault-redis needs --redis-local (the run must own the server)")
     _ds, cases = load_workload(args)
     bodies = _bodies(cases)
-    spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format, args.category)
+    warm = _warmup_count(args.warmup, len(bodies))
+    redis = None
+    if args.redis_local:
+        from ..kvstore.redis_server import RedisServer
+
+        redis = RedisServer().start()
     rows = []
-    for conf in args.configs.split(","):
-        k, policy = conf.split(":")
-        t0 = time.perf_counter()
-        backend = RayBackend(spec, int(k), args.queue_size, policy)
-        running = start_in_thread(create_app(backend, ServeSettings(queue_size=args.queue_size)))
-        try:
-            run_load(running.url, bodies[:2], qps=100.0)          # warm-up (not measured)
-            res = run_load(running.url, bodies, args.qps)
-        finally:
-            running.stop()
-        rows.append({"config": f"{k} x {policy}", **res,
-                     "start_s": time.perf_counter() - t0 - res["wall_s"]})
-        print(f"{conf}: {res}")
+    try:
+        for conf in args.configs.split(","):
+            k, policy = conf.split(":")
+            spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format,
+                              args.category, args.kv_dir, args.adapter, args.scorer,
+                              redis_url=f"redis://127.0.0.1:{redis.port}" if redis else None,
+                              kv_encoding=args.kv_encoding)
+            t0 = time.perf_counter()
+            backend = RayBackend(spec, int(k), args.queue_size, policy)
+            start_s = time.perf_counter() - t0
+            running = start_in_thread(create_app(backend,
+                                                 ServeSettings(queue_size=args.queue_size)))
+            try:
+                if warm:
+                    rows.append({"config": f"{k} x {policy}", "phase": "warm-up",
+                                 **run_load(running.url, bodies[:warm], args.qps)})
+                for phase, res in _phases(args, backend, running.url, bodies, redis):
+                    rows.append({"config": f"{k} x {policy}", "phase": phase,
+                                 "start_s": start_s, **res})
+                    print(f"{conf} {phase}: {json.dumps(res, default=str)}", flush=True)
+                rows[-1]["metrics_tail"] = _metrics(running.url)
+            finally:
+                running.stop()
+    finally:
+        if redis is not None:
+            redis.stop()
+    steady = [r for r in rows if r["phase"] == "steady"]
     for r in rows:
-        r["throughput_vs_first"] = r["throughput_rps"] / rows[0]["throughput_rps"]
+        r["throughput_vs_first"] = r["throughput_rps"] / max(1e-9, steady[0]["throughput_rps"])
     print(markdown_table(rows, COLUMNS))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"config": {k: v for k, v in vars(args).items() if k != "func"},
+                       "rows": rows}, fh, indent=1, default=str)
     return 0
+
+
+def _metrics(url: str) -> str:
+    """The deployment's /metrics at the end (chunk-store tiers, latency), for the report."""
+    import httpx
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=60).text
+    except httpx.HTTPError as exc:
+        return f"unavailable: {exc}"
+    keep = ("rcllm_kv_tier_hits", "rcllm_kv_tier_misses", "rcllm_kv_tier_get_seconds_sum",
+            "rcllm_kv_tier_get_seconds_count", "rcllm_cache_", "rcllm_kv_build_",
+            "rcllm_kv_tier_errors", "rcllm_kv_tier_bytes")
+    return "\n".join(line for line in text.splitlines() if line.startswith(keep))

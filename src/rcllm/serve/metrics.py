@@ -4,8 +4,12 @@ Names (all prefixed `rcllm_`): requests_total{endpoint,status}, rejected_total (
 ttft_seconds (histogram), recomputed_fraction (histogram), chunk_lookups_total{result},
 chunk_hit_ratio (cumulative, gauge), reused_tokens_total{kind}, recomputed_tokens_total{kind},
 queue_depth (gauge), item_builds_pending (gauge); per chunk-store tier (label `tier`: memory,
-memory-history, disk, redis): kv_tier_{hits,misses,corrupt,rejected,evictions,errors}_total and
-kv_tier_{bytes,entries} (gauges), read from the store when scraped; the user-prefix cache
+memory-history, disk, redis): kv_tier_{hits,misses,corrupt,rejected,evictions,errors}_total,
+kv_tier_{bytes,entries} (gauges) and kv_tier_{get,put}_seconds (histograms; tier `all` = the
+whole lookup), the disk tier's kv_tier_kind_{hits,puts}_total / kv_tier_kind_bytes{tier,kind},
+kv_build_{queued,built,shared,dropped,errors}_total and kv_build_queue (misses built behind
+the request), cache_{hits,misses}_total / cache_bytes{kind=item|history|user_prefix}, all read
+from the store when scraped (`StoreCollector`); the user-prefix cache
 (pointwise scorer; summed over instances with Ray): userprefix_{hits,misses,expired,evictions,
 spill_hits}_total, userprefix_{bytes,entries} (gauges), userprefix_hit_ratio; prewarms:
 prewarm_total{result=computed|cached}.
@@ -16,27 +20,108 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-class TierCollector:
-    """Per-tier store counters at scrape time, from `stats()` = kvstore.wiring.tier_stats."""
+TIER_COUNTERS = ("hits", "misses", "corrupt", "rejected", "evictions", "errors")
+FRONT = "all"        # kvstore.wiring.tier_stats' row of the whole store (StoreFront)
 
-    def __init__(self, stats: Callable[[], dict[str, dict[str, int]]]) -> None:
+
+def _histogram(name: str, doc: str, rows: dict[str, dict[str, float]], op: str):
+    """A histogram family per tier from the flat `<op>_le_<bound>`, `<op>_count`,
+    `<op>_sum_s` numbers of kvstore.latency.TierLatency.row (summed over instances)."""
+    family = HistogramMetricFamily(name, doc, labels=["tier"])
+    prefix = f"{op}_le_"
+    for tier, row in rows.items():
+        if f"{op}_count" not in row:
+            continue
+        buckets = sorted(((k[len(prefix):], v) for k, v in row.items() if k.startswith(prefix)),
+                         key=lambda b: float(b[0]))
+        family.add_metric([tier], buckets + [("+Inf", row[f"{op}_count"])],
+                          sum_value=row[f"{op}_sum_s"])
+    return family
+
+
+def _by_kind(rows: dict[str, dict[str, float]], counter: str) -> dict[tuple[str, str], float]:
+    """{(tier, kind): n} of the `kind_<counter>:<kind>` numbers."""
+    prefix = f"kind_{counter}:"
+    return {(tier, k[len(prefix):]): v for tier, row in rows.items()
+            for k, v in row.items() if k.startswith(prefix)}
+
+
+class StoreCollector:
+    """The chunk store at scrape time, from `stats()` = kvstore.wiring.tier_stats (summed over
+    instances with Ray): per tier, its counters, bytes, entries and get/put latency
+    histograms (tier `all` = the whole lookup, as the engine sees it); the disk tier's hits,
+    puts and bytes per chunk kind; the build-behind queue; and per cache kind (item, history,
+    user_prefix) hits, misses and bytes, the user prefix's from `user_prefix_stats()`."""
+
+    def __init__(self, stats: Callable[[], dict[str, dict[str, float]]],
+                 user_prefix_stats: Callable[[], dict[str, float] | None] | None = None) -> None:
         self.stats = stats
+        self.user_prefix_stats = user_prefix_stats
 
     def collect(self):
         rows = self.stats()
-        names = sorted({k for row in rows.values() for k in row})
-        for name in names:
+        tiers = {t: r for t, r in rows.items() if t != FRONT}
+        for name in (*TIER_COUNTERS, "bytes", "entries"):
             kind = GaugeMetricFamily if name in ("bytes", "entries") else CounterMetricFamily
             family = kind(f"rcllm_kv_tier_{name}", f"chunk store {name} per tier", labels=["tier"])
-            for tier, row in rows.items():
+            present = False
+            for tier, row in tiers.items():
                 if name in row:
                     family.add_metric([tier], row[name])
+                    present = True
+            if present:
+                yield family
+        for op in ("get", "put"):
+            yield _histogram(f"rcllm_kv_tier_{op}_seconds", f"chunk store {op} latency per tier "
+                             f"(tier all: the whole {op} as the engine sees it)", rows, op)
+        for counter in ("hits", "puts", "bytes"):
+            found = _by_kind(tiers, counter)
+            if not found:
+                continue
+            kind = GaugeMetricFamily if counter == "bytes" else CounterMetricFamily
+            family = kind(f"rcllm_kv_tier_kind_{counter}", f"chunk store {counter} per tier "
+                          "and chunk kind (disk tier)", labels=["tier", "kind"])
+            for (tier, k), n in sorted(found.items()):
+                family.add_metric([tier, k], n)
             yield family
+        front = rows.get(FRONT)
+        if front is not None:
+            for name in ("queued", "built", "shared", "dropped", "errors"):
+                yield CounterMetricFamily(f"rcllm_kv_build_{name}", f"chunk builds behind the "
+                                          f"request: {name}", value=front.get(f"build_{name}", 0))
+            yield GaugeMetricFamily("rcllm_kv_build_queue", "chunk builds waiting or running",
+                                    value=front.get("build_queue", 0))
+        yield from self._cache_kinds(rows)
+
+    def _cache_kinds(self, rows):
+        """rcllm_cache_{hits,misses}_total and rcllm_cache_bytes by kind = item | history |
+        user_prefix: every cache a request looks up, in one family."""
+        hits = CounterMetricFamily("rcllm_cache_hits", "request-path cache hits by kind",
+                                   labels=["kind"])
+        misses = CounterMetricFamily("rcllm_cache_misses", "request-path cache misses by kind",
+                                     labels=["kind"])
+        size = GaugeMetricFamily("rcllm_cache_bytes", "bytes held in memory by cache kind",
+                                 labels=["kind"])
+        front = rows.get(FRONT, {})
+        for kind in ("item", "history"):
+            hits.add_metric([kind], front.get(f"kind_hits:{kind}", 0))
+            misses.add_metric([kind], front.get(f"kind_misses:{kind}", 0))
+        if "memory-history" in rows:      # memory split by kind (the server's store)
+            size.add_metric(["item"], rows.get("memory", {}).get("bytes", 0))
+            size.add_metric(["history"], rows["memory-history"].get("bytes", 0))
+        up = self.user_prefix_stats() if self.user_prefix_stats is not None else None
+        if up:
+            hits.add_metric(["user_prefix"], up.get("hits", 0))
+            misses.add_metric(["user_prefix"], up.get("misses", 0))
+            size.add_metric(["user_prefix"], up.get("bytes", 0))
+        yield hits
+        yield misses
+        yield size
 
 
 class UserPrefixCollector:
@@ -76,7 +161,7 @@ class Metrics:
                  ) -> None:
         r = self.registry = CollectorRegistry()
         if store_stats is not None:
-            r.register(TierCollector(store_stats))
+            r.register(StoreCollector(store_stats, user_prefix_stats))
         if user_prefix_stats is not None:
             r.register(UserPrefixCollector(user_prefix_stats))
         self.prewarms = Counter("rcllm_prewarm", "POST /v1/prewarm answered, by whether the "

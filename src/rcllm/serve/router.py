@@ -314,6 +314,10 @@ class RayBackend:
     def ready(self) -> bool:
         return any(i.usable for i in self.instances)
 
+    def pids(self) -> list[int]:
+        """The process id of each instance actor (for RSS sampling by `bench serve`)."""
+        return [p["pid"] for p in self._ray.get([a.ping.remote() for a in self.actors])]
+
     def kill_instance(self, index: int) -> None:
         """Kills one actor (fault-injection for tests); the router finds out on its next call."""
         self._ray.kill(self.actors[index], no_restart=True)

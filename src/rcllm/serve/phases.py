@@ -1,0 +1,142 @@
+"""The phases of `rcllm bench serve` after warm-up, each a load run with something done to the
+deployment meanwhile: a Redis kill and restart, a long soak above capacity with the servers'
+RSS sampled, an instance kill. Every phase returns `loadgen.run_load`'s summary plus what the
+phase itself observed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .loadgen import run_load
+
+
+def rss_bytes(pid: int) -> int | None:
+    """VmRSS of `pid` from /proc (None when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples the RSS of named processes every `interval_s` on a thread, from start() (the
+    baseline, taken after warm-up) to stop(). Each server process is measured in itself."""
+
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.5) -> None:
+        self.pids = pids
+        self.interval_s = interval_s
+        self.samples: dict[str, list[int]] = {name: [] for name in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        for name, pid in self.pids.items():
+            rss = rss_bytes(pid)
+            if rss is not None:
+                self.samples[name].append(rss)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def start(self) -> "RssSampler":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        """Per process: RSS at the start, peak and end (MiB) and growth of peak and end over
+        the start."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()
+        out = {}
+        for name, xs in self.samples.items():
+            if not xs:
+                continue
+            first = xs[0]
+            out[name] = {"start_mib": first / 2**20, "peak_mib": max(xs) / 2**20,
+                         "end_mib": xs[-1] / 2**20, "growth_peak": max(xs) / first - 1,
+                         "growth_end": xs[-1] / first - 1, "samples": len(xs)}
+        return out
+
+
+def during_load(url: str, bodies: list[dict], qps: float,
+                events: list[tuple[float, Callable[[], object]]]) -> tuple[dict, list]:
+    """Runs the load while calling each `(fraction, action)` at that fraction of the load's
+    nominal duration (len(bodies) / qps); returns the load summary and the actions' results."""
+    out: dict = {}
+    load = threading.Thread(target=lambda: out.update(run_load(url, bodies, qps)),
+                            name="bench-load", daemon=True)
+    t0 = time.perf_counter()
+    load.start()
+    results = []
+    span_s = len(bodies) / qps
+    for fraction, action in sorted(events, key=lambda e: e[0]):
+        time.sleep(max(0.0, t0 + fraction * span_s - time.perf_counter()))
+        results.append(action())
+    load.join()
+    return out, results
+
+
+def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats) -> dict:
+    """Redis killed (SIGKILL) at 1/3 of the load and restarted on its port at 2/3: requests
+    must all be answered (misses recompute), and Redis written to again after the restart.
+    The reviews get a suffix, so their chunks are new: the phase misses and stores, and so
+    really talks to Redis (a workload served from memory would never notice the kill)."""
+    from ..kvstore.redis_server import RedisServer
+
+    bodies = [{**b, "history": [{**h, "review": f"{h['review']} (again)"}
+                                for h in b["history"]]} for b in bodies]
+
+    def tier(name: str) -> dict:
+        return store_stats().get(name, {})
+
+    def kill():
+        redis.stop()
+        return dict(tier("redis"))
+
+    def restart():
+        fresh = RedisServer(redis.port).start()
+        redis.proc = fresh.proc
+        return dict(tier("redis"))
+
+    res, (at_kill, at_restart) = during_load(url, bodies, qps, [(1 / 3, kill), (2 / 3, restart)])
+    time.sleep(2.0)     # write-behind of the last requests
+    end = tier("redis")
+    res["redis_errors"] = end.get("errors", 0) - at_kill.get("errors", 0)
+    res["redis_puts_after_restart"] = end.get("put_count", 0) - at_restart.get("put_count", 0)
+    res["redis_entries"] = end.get("entries", 0)
+    return res
+
+
+def instance_fault(url: str, bodies: list[dict], qps: float, backend, index: int) -> dict:
+    """Instance `index` killed at 1/3 of the load: every request is answered by the others."""
+
+    def kill():
+        backend.kill_instance(index)
+        return time.perf_counter()
+
+    res, _ = during_load(url, bodies, qps, [(1 / 3, kill)])
+    res["killed_instance"] = index
+    res["router_retries"] = backend.retries
+    return res
+
+
+def soak(url: str, bodies: list[dict], qps: float, seconds: float, pids: dict[str, int]) -> dict:
+    """Open-loop load at `qps` for `seconds` (the workload's bodies cycled) with every server
+    process's RSS sampled from the start (after warm-up) to the end."""
+    n = max(1, int(qps * seconds))
+    cycled = [bodies[k % len(bodies)] for k in range(n)]
+    sampler = RssSampler(pids).start()
+    res = run_load(url, cycled, qps, timeout_s=300.0)
+    res["rss"] = sampler.stop()
+    res["rss_growth_peak_max"] = max((r["growth_peak"] for r in res["rss"].values()), default=0)
+    return res

@@ -1,0 +1,51 @@
+"""`rcllm bench serve` with its target phases on 2 tiny Ray instances and a private Redis:
+warm-up, steady, Redis killed and restarted, a short soak above capacity with RSS sampled in
+each server process, an instance killed — every request 200 or 429, none failed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from rcllm.serve.phases import RssSampler
+
+
+def test_rss_sampler_measures_each_process_in_itself():
+    sampler = RssSampler({"me": os.getpid(), "gone": 2**22 + 7}, interval_s=0.01).start()
+    blob = bytearray(32 << 20)        # 32 MiB more in this process
+    blob[::4096] = b"x" * len(blob[::4096])
+    out = sampler.stop()
+    assert "gone" not in out and out["me"]["samples"] >= 2
+    assert out["me"]["peak_mib"] - out["me"]["start_mib"] >= 30
+    del blob
+
+
+def test_bench_serve_phases(tiny_model_dir, tmp_path):
+    from rcllm.serve.bench import register_bench
+
+    top = argparse.ArgumentParser()
+    register_bench(top.add_subparsers())          # what `rcllm bench` hands in
+    report = tmp_path / "bench.json"
+    args = top.parse_args([
+        "serve", "--configs", "2:affinity", "--requests", "6", "--candidates", "6",
+        "--qps", "4", "--queue-size", "2", "--redis-local", "--warmup", "all",
+        "--fault-redis", "--soak-s", "4", "--soak-load", "2", "--fault-instance",
+        "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1",
+        "--json", str(report)])
+    assert args.func(args) == 0
+    rows = {r["phase"]: r for r in json.loads(report.read_text())["rows"]}
+    assert list(rows) == ["warm-up", "steady", "redis-fault", "soak", "instance-fault"]
+    for phase, r in rows.items():
+        assert r["failed"] == 0, (phase, r["statuses"])
+        assert set(r["statuses"]) <= {"200", "429"}, (phase, r["statuses"])
+        assert r["ok"] + r["rejected_429"] == r["sent"]
+    assert rows["steady"]["ok"] == 6 and rows["steady"]["chunk_hit_ratio"] == 1.0
+    assert rows["steady"]["chunk_hit_ratio"] > rows["warm-up"]["chunk_hit_ratio"]
+    fault = rows["redis-fault"]
+    assert fault["ok"] == 6 and fault["redis_errors"] >= 1
+    assert fault["redis_puts_after_restart"] >= 1        # used again after the restart
+    soak = rows["soak"]
+    assert soak["offered_rps"] > soak["capacity_rps"] > 0
+    assert {"router+http", "instance0", "instance1"} <= set(soak["rss"])
+    assert rows["instance-fault"]["ok"] == 6 and rows["instance-fault"]["killed_instance"] == 0
