@@ -77,26 +77,26 @@ def _warmup_count(arg: str, n: int) -> int:
         raise RcllmError(f"--warmup {arg!r}: give a number or all") from None
 
 
-def _phases(args, backend, url: str, bodies: list[dict], redis) -> list[tuple[str, dict]]:
-    """The measured phases of one configuration, in order (module docstring)."""
+def _phases(args, backend, url: str, bodies: list[dict], redis):
+    """Yields (phase, summary) for the measured phases of one configuration, in order (module
+    docstring), each as soon as it ends."""
     from . import phases
     from .loadgen import run_load
 
-    out = [("steady", run_load(url, bodies, args.qps))]
+    steady = run_load(url, bodies, args.qps)
+    yield "steady", steady
     if args.fault_redis:
-        out.append(("redis-fault", phases.redis_fault(url, bodies, args.qps, redis,
-                                                      backend.store_stats)))
+        yield "redis-fault", phases.redis_fault(url, bodies, args.qps, redis,
+                                                backend.store_stats)
     if args.soak_s > 0:
-        k = len(backend.instances)
-        capacity = k * 1e3 / max(1.0, out[0][1]["latency_p50_ms"])
+        capacity = len(backend.instances) * 1e3 / max(1.0, steady["latency_p50_ms"])
         pids = {"router+http": os.getpid(),
                 **{f"instance{i}": pid for i, pid in enumerate(backend.pids())}}
         res = phases.soak(url, bodies, args.soak_load * capacity, args.soak_s, pids)
         res["capacity_rps"], res["offered_rps"] = capacity, args.soak_load * capacity
-        out.append(("soak", res))
+        yield "soak", res
     if args.fault_instance:
-        out.append(("instance-fault", phases.instance_fault(url, bodies, args.qps, backend, 0)))
-    return out
+        yield "instance-fault", phases.instance_fault(url, bodies, args.qps, backend, 0)
 
 
 def run(args) -> int:

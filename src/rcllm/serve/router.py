@@ -154,8 +154,7 @@ class RayBackend:
                     ref = actor.rank.remote(payload, self._imports(inst, request, local))
                 else:
                     ref = actor.prewarm.remote(payload)
-                out = await asyncio.wait_for(asyncio.wrap_future(ref.future()),
-                                             self.call_timeout_s)
+                out = await self._wait(inst, ref)
                 done = True
             except (RayActorError, ActorUnavailableError) as exc:
                 self._lost(inst, exc)
@@ -176,6 +175,23 @@ class RayBackend:
                     method == "prewarm" or out["stats"].get("user_prefix", "off") != "off"):
                 self.residency.note(user, inst.index)
             return out
+
+    async def _wait(self, inst: LiveInstance, ref) -> dict[str, Any]:
+        """The call's answer. TimeoutError once `inst` has answered nothing (this call nor any
+        other) for `call_timeout_s`: a call queued behind others on a busy instance that keeps
+        answering is waited for (before, such a call timed out under sustained load above
+        capacity, and both instances of a soak were marked suspect: every request 503)."""
+        fut = asyncio.wrap_future(ref.future())
+        started = time.monotonic()
+        while True:
+            deadline = max(started, inst.last_answer_s) + self.call_timeout_s
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut),
+                                              max(0.01, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                if time.monotonic() >= max(started, inst.last_answer_s) + self.call_timeout_s:
+                    fut.cancel()
+                    raise
 
     def _imports(self, inst: LiveInstance, request, local_tokens: float) -> list:
         """Object refs of the KV of the request's items that `inst` lacks and another live

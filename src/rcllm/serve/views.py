@@ -44,6 +44,9 @@ class LiveInstance:
     suspect: bool = False
     served: int = 0
     failures: list[str] = field(default_factory=list)
+    # monotonic time of the last answer (or of creation): an instance that answers calls is
+    # busy, not stuck, whatever the wait of one call queued behind others (router._wait)
+    last_answer_s: float = field(default_factory=time.monotonic)
 
     @property
     def usable(self) -> bool:
@@ -63,6 +66,7 @@ class LiveInstance:
         self.outstanding_ms = max(0.0, self.outstanding_ms - estimate_ms)
 
     def finished(self, estimate_ms: float, ms: float, items: list[str]) -> None:
+        self.last_answer_s = time.monotonic()
         self.abandoned(estimate_ms)
         self.served += 1
         self.service_ms = 0.8 * self.service_ms + 0.2 * ms
