@@ -60,6 +60,7 @@ class ReuseConfig:
     store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
     prototypes: bool = opt(True, "fill review chunks missing from the exact cache from the history prototype library (when history.library is set)")
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
+    item_tail: int = opt(0, "reuse methods: the last k tokens of every reused item chunk are computed in the prompt (they see the user side), not taken from the store; an adapter trained with train.reuse_tail=k sets it")
     user_prefix: bool = opt(True, "pointwise scorer, reuse methods: take the user side from the user-prefix cache when this history was seen, and store it there after answering")
 
     def validate(self) -> None:
@@ -75,8 +76,8 @@ class ReuseConfig:
             raise RcllmError("reuse.prefix_block and reuse.store_bytes must be positive")
         if self.attention_layer not in (0, 1):
             raise RcllmError("reuse.attention_layer must be 0 or 1")
-        if self.window < 0 or self.epic_k < 0:
-            raise RcllmError("reuse.window and reuse.epic_k must be >= 0")
+        if self.window < 0 or self.epic_k < 0 or self.item_tail < 0:
+            raise RcllmError("reuse.window, reuse.epic_k and reuse.item_tail must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -429,10 +429,13 @@ class Engine:
                     entry = self.store.get(self.chunk_key(seg.kind, seg.token_ids, reuse))
                     if entry is not None and entry.token_ids == seg.token_ids:
                         copies.append((start, end, entry))
-                        have[start:end] = True
-                        source[start:end] = SOURCES.index("chunk")
+                        # an item tail stays fresh: computed seeing the user side
+                        upto = end - (reuse.item_tail if seg.kind == "item" else 0)
+                        upto = max(start, upto)
+                        have[start:upto] = True
+                        source[start:upto] = SOURCES.index("chunk")
                         stats.chunk_hits += 1
-                        stats.reused_tokens[seg.kind] += len(seg.token_ids)
+                        stats.reused_tokens[seg.kind] += upto - start
                     else:
                         stats.chunk_misses += 1
                         misses.append((seg.kind, seg.token_ids))

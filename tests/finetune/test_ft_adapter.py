@@ -69,6 +69,21 @@ def test_eval_adopts_the_adapter_prompt(adapter):
     got, fractions, seed = eval_settings(RcllmConfig(), folder)
     assert got.prompt == cfg.prompt and got.model.adapter == str(folder)
     assert fractions == (0.8, 0.1, 0.1) and seed == 0
+    assert got.reuse.item_tail == 0
+
+
+def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path):
+    """An adapter trained with train.reuse_tail = k is served with reuse.item_tail = k and
+    naive reuse (commands.engine_setup.adopt_adapter)."""
+    from rcllm.commands.engine_setup import adopt_adapter
+
+    cfg = tiny_ft_config(steps=2, reuse=True, reuse_tail=2)
+    users = split_users(fav_dataset, cfg.train.fractions, cfg.train.split_seed)[0]
+    folder = tmp_path / "tail"
+    Trainer(load_model(cfg.model), fav_dataset, users, cfg, folder, "k").run(progress=False)
+    assert eval_settings(RcllmConfig(), folder)[0].reuse.item_tail == 2
+    adopted = adopt_adapter(RcllmConfig(), str(folder), None)
+    assert (adopted.cfg.reuse.item_tail, adopted.cfg.reuse.method) == (2, "naive")
     other = dataclasses.replace(RcllmConfig(), prompt=dataclasses.replace(
         RcllmConfig().prompt, history_window=3))
     with pytest.raises(RcllmError, match="prompt settings"):

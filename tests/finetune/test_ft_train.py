@@ -111,22 +111,28 @@ def test_pointwise_scores_equal_plain_forwards(tiny_ft_config, fav_dataset, tmp_
     _assert_gradient_reaches_every_factor(t)
 
 
+@pytest.mark.parametrize("tail", [0, 2])
 def test_reuse_aware_scores_equal_the_engine_reusing_stored_item_kv(tiny_ft_config, fav_dataset,
-                                                                   tmp_path):
+                                                                   tmp_path, tail):
     """train.reuse trains on what serving computes: item chunks from the chunk store (built
-    after the instruction and the block head), everything else computed over them (naive)."""
+    after the instruction and the block head), everything else computed over them (naive);
+    with train.reuse_tail = k the last k tokens of each item chunk are computed in the prompt,
+    as reuse.item_tail = k does when serving."""
     from rcllm.config import RcllmConfig, ReuseConfig
     from rcllm.engine import Engine
 
-    t = _trainer(tiny_ft_config(candidates=3, reuse=True), fav_dataset, tmp_path / "r")
+    t = _trainer(tiny_ft_config(candidates=3, reuse=True, reuse_tail=tail), fav_dataset,
+                 tmp_path / "r")
     draw = t.stream.draw(0)
     eng = Engine(t.loaded, fav_dataset.items,
-                 RcllmConfig(prompt=t.cfg.prompt, reuse=ReuseConfig(prefix_insert=False)),
+                 RcllmConfig(prompt=t.cfg.prompt,
+                             reuse=ReuseConfig(prefix_insert=False, item_tail=tail)),
                  scorer="pointwise")
     eng.build_items(draw.candidates)
     req = _request(t)
     served = eng.rank(req, "naive", user_prefix=False)
-    assert served.stats["reused_tokens"]["item"] > 0
+    item_tokens = served.stats["tokens_by_kind"]["item"]
+    assert served.stats["reused_tokens"]["item"] == item_tokens - tail * len(draw.candidates)
     with torch.no_grad():
         got = t.pointwise_scores(draw)
         plain = Trainer(t.loaded, fav_dataset, t.train_users,

@@ -119,7 +119,8 @@ def apply_adapter(state: dict[str, torch.Tensor], path: str | Path, base_fingerp
 
 def eval_settings(cfg, path: str | Path):
     """The engine config to evaluate the adapter at `path` with, and its (fractions, seed) user
-    split: model.adapter is set and the prompt settings it was trained with are adopted.
+    split: model.adapter is set and the prompt settings it was trained with are adopted, and
+    the item tail it was trained to compute (`train.reuse_tail` → `reuse.item_tail`).
 
     `cfg` is an RcllmConfig; a prompt that was changed from the defaults and differs from the
     adapter's is refused (the ranker would be scored on prompts it never saw).
@@ -135,6 +136,9 @@ def eval_settings(cfg, path: str | Path):
                          f"drop the prompt.* overrides (they are adopted) or match them")
     cfg = dataclasses.replace(cfg, prompt=trained,
                               model=dataclasses.replace(cfg.model, adapter=str(path)))
+    tail = int(manifest.get("train", {}).get("reuse_tail", 0))
+    if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
+        cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
     split = manifest["split"]
     return cfg, tuple(split["fractions"]), int(split["seed"])
 

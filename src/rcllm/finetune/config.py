@@ -63,6 +63,10 @@ class TrainConfig:
                              "chunk sees only its template context and itself, as the chunk "
                              "store holds it, while the block tail sees everything; the adapter "
                              "then serves with naive reuse by default")
+    reuse_tail: int = opt(0, "with train.reuse: the last k tokens of each item chunk are computed "
+                             "in the prompt (they see the user side, as reuse.item_tail=k "
+                             "recomputes them at inference) instead of taken from the chunk's "
+                             "isolated pass; the adapter then serves with that item tail")
     init: str = opt("", "start from this finished adapter's factors (folder) instead of B = 0: "
                         "a curriculum, e.g. a reuse-aware run warm-started from a standard "
                         "adapter; it must share this run's model, data, user split, prompt and "
@@ -88,6 +92,8 @@ class TrainConfig:
         if self.objective not in OBJECTIVES:
             raise RcllmError(f"train.objective must be one of {', '.join(OBJECTIVES)}, "
                              f"not {self.objective!r}")
+        if self.reuse_tail < 0 or (self.reuse_tail and not self.reuse):
+            raise RcllmError("train.reuse_tail must be >= 0 and needs train.reuse=true")
         if self.reuse and self.objective != "pointwise":
             raise RcllmError("train.reuse needs train.objective=pointwise")
         if not 2 <= self.candidates <= 26:

@@ -146,7 +146,8 @@ class Trainer:
         selective prefill with the graph kept. With `train.reuse` each item chunk's KV comes
         from a pass where it sees only its template context (instruction + block head) and
         itself — what the chunk store holds at inference — and the rest of the prompt is
-        computed over that KV."""
+        computed over that KV; with `train.reuse_tail` = k the last k tokens of each item
+        chunk are computed in the prompt instead (what `reuse.item_tail` recomputes)."""
         ex, pw = draw.example, self.pointwise
         prompt = pw.prompt(RankRequest(ex.user_id, ex.history, draw.candidates))
         segments = prompt.slot_segments()
@@ -171,7 +172,9 @@ class Trainer:
         inp = self._inputs(ids, prompt.block_ranges())
         if reused is not None:
             chunk_inp, ranges = reused
+            tail = self.cfg.train.reuse_tail  # computed here, seeing the user side
             for (s, e, _), (cs, ce) in zip(items, ranges):
+                e, ce = max(s, e - tail), max(cs, ce - tail)
                 for layer in range(self.model.arch.num_layers):
                     inp.k_buf[layer][:, s:e] = chunk_inp.k_buf[layer][:, cs:ce]
                     inp.v_buf[layer][:, s:e] = chunk_inp.v_buf[layer][:, cs:ce]
