@@ -26,13 +26,19 @@ def rss_bytes(pid: int) -> int | None:
 
 
 class RssSampler:
-    """Samples the RSS of named processes every `interval_s` on a thread, from start() (the
-    baseline, taken after warm-up) to stop(). Each server process is measured in itself."""
+    """Samples the RSS of named processes every `interval_s` on a thread, from start() to
+    stop(). Each server process is measured in itself. Growth is reported over the first
+    sample and over the sample `settle_s` after start: an instance the warm-up never reached
+    (affinity sent it nothing) warms up during the load, and that is not growth."""
 
-    def __init__(self, pids: dict[str, int], interval_s: float = 0.5) -> None:
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.5,
+                 settle_s: float = 0.0) -> None:
         self.pids = pids
         self.interval_s = interval_s
+        self.settle_s = settle_s
+        self._t0 = time.monotonic()
         self.samples: dict[str, list[int]] = {name: [] for name in pids}
+        self.times: dict[str, list[float]] = {name: [] for name in pids}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
 
@@ -41,12 +47,14 @@ class RssSampler:
             rss = rss_bytes(pid)
             if rss is not None:
                 self.samples[name].append(rss)
+                self.times[name].append(time.monotonic() - self._t0)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._sample()
 
     def start(self) -> "RssSampler":
+        self._t0 = time.monotonic()
         self._sample()
         self._thread.start()
         return self
@@ -62,9 +70,14 @@ class RssSampler:
             if not xs:
                 continue
             first = xs[0]
+            k = next((i for i, t in enumerate(self.times[name]) if t >= self.settle_s), 0)
+            settled, rest = xs[k], xs[k:]
             out[name] = {"start_mib": first / 2**20, "peak_mib": max(xs) / 2**20,
                          "end_mib": xs[-1] / 2**20, "growth_peak": max(xs) / first - 1,
-                         "growth_end": xs[-1] / first - 1, "samples": len(xs)}
+                         "growth_end": xs[-1] / first - 1, "settle_s": self.times[name][k],
+                         "settled_mib": settled / 2**20,
+                         "growth_peak_after_settle": max(rest) / settled - 1,
+                         "growth_end_after_settle": xs[-1] / settled - 1, "samples": len(xs)}
         return out
 
 
@@ -89,11 +102,12 @@ def during_load(url: str, bodies: list[dict], qps: float,
 def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats) -> dict:
     """Redis killed (SIGKILL) at 1/3 of the load and restarted on its port at 2/3: requests
     must all be answered (misses recompute), and Redis written to again after the restart.
-    The reviews get a suffix, so their chunks are new: the phase misses and stores, and so
-    really talks to Redis (a workload served from memory would never notice the kill)."""
+    The reviews get a prefix, so their chunks are new: the phase misses and stores, and so
+    really talks to Redis (a workload served from memory would never notice the kill; a
+    suffix was cut off by the prompt's review truncation, `prompt.max_review_tokens`)."""
     from ..kvstore.redis_server import RedisServer
 
-    bodies = [{**b, "history": [{**h, "review": f"{h['review']} (again)"}
+    bodies = [{**b, "history": [{**h, "review": f"Again: {h['review']}"}
                                 for h in b["history"]]} for b in bodies]
 
     def tier(name: str) -> dict:
@@ -132,11 +146,14 @@ def instance_fault(url: str, bodies: list[dict], qps: float, backend, index: int
 
 def soak(url: str, bodies: list[dict], qps: float, seconds: float, pids: dict[str, int]) -> dict:
     """Open-loop load at `qps` for `seconds` (the workload's bodies cycled) with every server
-    process's RSS sampled from the start (after warm-up) to the end."""
+    process's RSS sampled from the start (after warm-up) to the end; growth also over the RSS
+    a fifth of the way in (at most 120 s: see RssSampler)."""
     n = max(1, int(qps * seconds))
     cycled = [bodies[k % len(bodies)] for k in range(n)]
-    sampler = RssSampler(pids).start()
+    sampler = RssSampler(pids, settle_s=min(120.0, seconds / 5)).start()
     res = run_load(url, cycled, qps, timeout_s=300.0)
     res["rss"] = sampler.stop()
     res["rss_growth_peak_max"] = max((r["growth_peak"] for r in res["rss"].values()), default=0)
+    res["rss_growth_peak_after_settle_max"] = max(
+        (r["growth_peak_after_settle"] for r in res["rss"].values()), default=0)
     return res
