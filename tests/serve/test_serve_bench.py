@@ -53,4 +53,5 @@ def test_bench_serve_phases(tiny_model_dir, tmp_path):
     soak = rows["soak"]
     assert soak["offered_rps"] > soak["capacity_rps"] > 0
     assert {"router+http", "instance0", "instance1"} <= set(soak["rss"])
+    assert soak["warmup"]["failed"] == 0 and soak["warmup"]["sent"] >= 1
     assert rows["instance-fault"]["ok"] == 6 and rows["instance-fault"]["killed_instance"] == 0

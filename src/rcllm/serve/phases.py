@@ -102,12 +102,13 @@ def during_load(url: str, bodies: list[dict], qps: float,
 def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats) -> dict:
     """Redis killed (SIGKILL) at 1/3 of the load and restarted on its port at 2/3: requests
     must all be answered (misses recompute), and Redis written to again after the restart.
-    The reviews get a prefix, so their chunks are new: the phase misses and stores, and so
-    really talks to Redis (a workload served from memory would never notice the kill; a
-    suffix was cut off by the prompt's review truncation, `prompt.max_review_tokens`)."""
+    Every history entry is dated a day later, so its chunk (which starts with the date) is
+    new: the phase misses and stores, and so really talks to Redis (a workload served from
+    memory would never notice the kill; changing the review text was not enough, the chunk's
+    `prompt.max_review_tokens` are mostly date, rating and title)."""
     from ..kvstore.redis_server import RedisServer
 
-    bodies = [{**b, "history": [{**h, "review": f"Again: {h['review']}"}
+    bodies = [{**b, "history": [{**h, "timestamp": h["timestamp"] + 86_400}
                                 for h in b["history"]]} for b in bodies]
 
     def tier(name: str) -> dict:
@@ -144,16 +145,26 @@ def instance_fault(url: str, bodies: list[dict], qps: float, backend, index: int
     return res
 
 
-def soak(url: str, bodies: list[dict], qps: float, seconds: float, pids: dict[str, int]) -> dict:
-    """Open-loop load at `qps` for `seconds` (the workload's bodies cycled) with every server
-    process's RSS sampled from the start (after warm-up) to the end; growth also over the RSS
-    a fifth of the way in (at most 120 s: see RssSampler)."""
-    n = max(1, int(qps * seconds))
-    cycled = [bodies[k % len(bodies)] for k in range(n)]
+def soak(url: str, bodies: list[dict], qps: float, seconds: float, pids: dict[str, int],
+         warm_s: float | None = None) -> dict:
+    """Open-loop load at `qps` for `warm_s` (default a fifth of `seconds`, at most 120 s),
+    then for `seconds` with every server process's RSS sampled (the workload's bodies
+    cycled). The soak's own warm-up is needed because the workload's warm-up does not reach
+    every instance (affinity sends a light load to one): an instance first loaded here fills
+    its caches now, and that is not growth. Growth is also reported over the RSS a fifth of
+    the way in (RssSampler)."""
+    warm_s = min(120.0, seconds / 5) if warm_s is None else warm_s
+
+    def cycled(n: int) -> list[dict]:
+        return [bodies[k % len(bodies)] for k in range(max(1, n))]
+
+    warm = run_load(url, cycled(int(qps * warm_s)), qps, timeout_s=300.0) if warm_s else None
     sampler = RssSampler(pids, settle_s=min(120.0, seconds / 5)).start()
-    res = run_load(url, cycled, qps, timeout_s=300.0)
+    res = run_load(url, cycled(int(qps * seconds)), qps, timeout_s=300.0)
     res["rss"] = sampler.stop()
     res["rss_growth_peak_max"] = max((r["growth_peak"] for r in res["rss"].values()), default=0)
     res["rss_growth_peak_after_settle_max"] = max(
         (r["growth_peak_after_settle"] for r in res["rss"].values()), default=0)
+    if warm is not None:
+        res["warmup"] = {k: warm[k] for k in ("sent", "statuses", "failed", "wall_s")}
     return res
