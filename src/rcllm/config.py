@@ -53,6 +53,7 @@ class ReuseConfig:
     epic_k: int = opt(2, "epic: first k tokens of each chunk recomputed (EPIC's k = 32 on 512-token chunks is ~6 percent; 2 on this engine's 16-32-token chunks keeps that proportion)")
     attention_weight: float = opt(1.0, "rcllm: weight of the attention mass vs deviation")
     attention_layer: int = opt(0, "rcllm: heavy hitters from layer 0 or layer 1 attention")
+    depth_decay: float = opt(0.35, "rcllm: budgets shrink with depth: layer l recomputes ratio^(1 + depth_decay * t) of a kind's reused tokens, t = 0 at layer 1 and 1 at the last layer, the probe's lowest-scored dropped first (0 = the same budget in every layer; a 1.0 ratio stays 1.0; measured: docs/engine.md)")
     chunk_context: str = opt("template", "chunks built after: \"template\" | \"instruction\" | \"none\"")
     prefix_block: int = opt(16, "prefix cache granularity in tokens (vLLM-style blocks)")
     cache_misses: bool = opt(True, "store the KV of chunk misses after answering")
@@ -76,6 +77,8 @@ class ReuseConfig:
             raise RcllmError("reuse.prefix_block and reuse.store_bytes must be positive")
         if self.attention_layer not in (0, 1):
             raise RcllmError("reuse.attention_layer must be 0 or 1")
+        if self.depth_decay < 0:
+            raise RcllmError("reuse.depth_decay must be >= 0")
         if self.window < 0 or self.epic_k < 0 or self.item_tail < 0:
             raise RcllmError("reuse.window, reuse.epic_k and reuse.item_tail must be >= 0")
 

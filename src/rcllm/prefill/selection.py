@@ -11,7 +11,11 @@ dynamic bits, the question, chunk misses) are always computed and are not part o
 - rcllm: per kind its own ratio; inside the budget first the first `window` tokens of each
   chunk (a reused chunk's first tokens were built as attention sinks), then the rest by a
   score combining layer-1 deviation and layer-0 attention mass (each normalised by its mean
-  over the kind's reused tokens).
+  over the tokens it ranks). When the budget fits inside the windows only window tokens are
+  ranked, so only they need the probe (`probe_set`). With `depth_decay` the budget shrinks
+  with depth (`layer_set`): between layers the recomputed tokens the probe scored lowest
+  stop being recomputed (a token's score decides how deep it is recomputed), and their
+  reused KV stands in the layers above.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ HISTORY, ITEM = KINDS.index("history"), KINDS.index("item")
 
 @dataclass
 class Probe:
-    deviation: torch.Tensor  # [N] layer-1 KV deviation of reused tokens (0 elsewhere)
+    deviation: torch.Tensor  # [N] layer-1 KV deviation of probed reused tokens (0 elsewhere)
     mass: torch.Tensor | None   # [N] layer-0 attention mass received from the last queries
     mass1: torch.Tensor | None  # [N] the same at layer 1 (over the probe's layer-1 keys)
+    probed: torch.Tensor | None = None  # [N] bool: deviation known (None: every reused token)
 
 
 def _top(mask: torch.Tensor, score: torch.Tensor, k: int) -> torch.Tensor:
@@ -63,9 +68,21 @@ class SelectionPolicy:
         """Tokens computed at every layer without a probe (beyond the fresh ones)."""
         return torch.zeros_like(inp.have_kv)
 
+    def probe_set(self, inp) -> torch.Tensor | None:
+        """Reused tokens whose probe score select() may read (layer 0 runs on them and the
+        fresh ones); None = every reused token."""
+        return None
+
     def select(self, inp, probe: Probe) -> torch.Tensor:
-        """Tokens recomputed at layers >= 1 after the probe (fresh ones are added by the caller)."""
+        """Tokens recomputed at layer 1 after the probe (fresh ones are added by the caller)."""
         return self.static_set(inp)
+
+    def layer_set(self, inp, depth: float, idx: torch.Tensor, probe: Probe
+                  ) -> torch.Tensor | None:
+        """Which of the slots idx [n] computed at the previous layer the layer at `depth`
+        (0 = layer 1, 1 = the last) computes, as bool [n]. The set only shrinks (a dropped
+        token's hidden state is gone) and keeps every fresh slot. None = all of them."""
+        return None
 
 
 class EpicPolicy(SelectionPolicy):
@@ -81,32 +98,68 @@ class CacheBlendPolicy(SelectionPolicy):
         return _top(reused, probe.deviation, _budget(self.cfg.item_ratio, int(reused.sum())))
 
 
+def _normalised(x: torch.Tensor, over: torch.Tensor) -> torch.Tensor:
+    return x / x[over].mean().clamp_min(1e-12)
+
+
 class RcllmPolicy(SelectionPolicy):
     needs_probe = True
 
     def mass_layers(self) -> tuple[int, ...]:
         return (self.cfg.attention_layer,)
 
-    def select(self, inp, probe: Probe) -> torch.Tensor:
+    def _groups(self, inp):
+        """Per kind with a budget: (kind, group [N] bool, its layer-1 budget, ratio, window
+        [N] bool)."""
         reused = inp.have_kv & ~inp.exact_kv
-        chosen = torch.zeros_like(reused)
         for kind, ratio in ((HISTORY, self.cfg.history_ratio), (ITEM, self.cfg.item_ratio)):
             group = reused & (inp.kind == kind)
-            count = int(group.sum())
-            budget = _budget(ratio, count)
-            if budget == 0:
-                continue
-            dev = probe.deviation / probe.deviation[group].mean().clamp_min(1e-12)
-            raw = probe.mass1 if self.cfg.attention_layer == 1 else probe.mass
-            mass = raw / raw[group].mean().clamp_min(1e-12)
-            score = dev + self.cfg.attention_weight * mass
-            window = group & (inp.offset < self.cfg.window)
+            budget = _budget(ratio, int(group.sum()))
+            if budget:
+                yield kind, group, budget, ratio, group & (inp.offset < self.cfg.window)
+
+    def probe_set(self, inp) -> torch.Tensor:
+        out = torch.zeros_like(inp.have_kv)
+        for _, group, budget, _, window in self._groups(inp):
+            out |= window if budget <= int(window.sum()) else group
+        return out
+
+    def _score(self, inp, probe: Probe, group: torch.Tensor) -> torch.Tensor:
+        """[N] deviation + attention_weight × mass, each normalised by its mean over the
+        probed tokens of `group` (the tokens it ranks)."""
+        probed = probe.probed if probe.probed is not None else inp.have_kv & ~inp.exact_kv
+        ranked = group & probed
+        raw = probe.mass1 if self.cfg.attention_layer == 1 else probe.mass
+        return (_normalised(probe.deviation, ranked)
+                + self.cfg.attention_weight * _normalised(raw, ranked))
+
+    def select(self, inp, probe: Probe) -> torch.Tensor:
+        chosen = torch.zeros_like(inp.have_kv)
+        for _, group, budget, _, window in self._groups(inp):
+            score = self._score(inp, probe, group)
             n_window = int(window.sum())
             if budget <= n_window:
                 chosen |= _top(window, score, budget)
             else:
                 chosen |= window | _top(group & ~window, score, budget - n_window)
         return chosen
+
+    def layer_ratio(self, ratio: float, depth: float) -> float:
+        """The budget at `depth` (0 = layer 1, 1 = the last): ratio^(1 + depth_decay × depth).
+        1.0 stays 1.0 (exact mode) and 0 stays 0."""
+        return ratio ** (1.0 + self.cfg.depth_decay * depth)
+
+    def layer_set(self, inp, depth, idx, probe):
+        if self.cfg.depth_decay == 0:
+            return None
+        keep = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
+        kind, reused = inp.kind[idx], (inp.have_kv & ~inp.exact_kv)[idx]
+        for code, group, _, ratio, _ in self._groups(inp):
+            now = reused & (kind == code)
+            budget = _budget(self.layer_ratio(ratio, depth), int(group.sum()))
+            if budget < int(now.sum()):  # the probe's order: the best-scored stay longest
+                keep &= ~now | _top(now, self._score(inp, probe, group)[idx], budget)
+        return keep
 
 
 def selection_policy(cfg: ReuseConfig) -> SelectionPolicy:

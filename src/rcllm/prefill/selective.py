@@ -3,13 +3,17 @@
 Given N assembled tokens where some slots already hold KV (exact prefix blocks, or reused
 chunks computed in another context) and the rest are fresh:
 
-1. Layer 0 runs on every non-exact token when the policy asks for a probe (rcllm,
-   cacheblend); its output feeds layer 1's K/V projections, compared with the cached layer-1
-   K/V → a *deviation* per reused token; layer-0 attention of the last queries gives the
-   attention *mass* each token receives.
+1. Layer 0 runs on the fresh tokens and the reused ones the policy may pick (every non-exact
+   token for cacheblend; rcllm's window tokens only when its budget fits in the windows) when
+   the policy asks for a probe; its output feeds layer 1's K/V projections, compared with the
+   cached layer-1 K/V → a *deviation* per probed token; layer-0 attention of the last queries
+   gives the attention *mass* each token receives (layer-0 K/V of a reused token are exact:
+   they depend on the token alone, so the mass needs no probe of that token).
 2. The policy picks the tokens to recompute; fresh tokens are always computed.
 3. Layers ≥ 1 compute only the chosen tokens: their new K/V overwrite the reused ones, their
    queries attend causally over all N keys (reused keys are rotated to their new positions).
+   A policy whose budget shrinks with depth drops tokens between layers (`layer_set`); a
+   dropped token keeps its reused KV in the layers above.
 4. Only the output slots' hidden states are returned (logits are the caller's choice).
 
 With a policy that selects every token this is exactly full recompute.
@@ -161,7 +165,8 @@ class PrefillInputs:
 @dataclass
 class PrefillResult:
     hidden_out: torch.Tensor           # [K, d] the layout's output slots, before the final norm
-    computed: torch.Tensor             # [N] bool: computed at layers >= 1
+    computed: torch.Tensor             # [N] bool: computed at layer 1 (a shrinking policy
+                                       # computes subsets of it in the layers above)
     layer0_computed: int               # tokens computed at layer 0
     flops: float                       # FLOPs actually done
     full_flops: float                  # FLOPs of a full recompute of the same prompt
@@ -169,11 +174,22 @@ class PrefillResult:
     mass: torch.Tensor | None = None        # [N] the probe's attention mass (when read)
     layer0_ms: float = 0.0             # layer 0 (with the probe and the selection)
     layers_ms: float = 0.0             # layers >= 1 over the selected tokens
+    layer_tokens: tuple[int, ...] = ()  # tokens computed at each layer >= 1
 
     @property
     def hidden_last(self) -> torch.Tensor:
         """[d] the last output slot (the listwise prompt's last position)."""
         return self.hidden_out[-1]
+
+
+def _deviation(k: torch.Tensor, v: torch.Tensor, k_old: torch.Tensor, v_old: torch.Tensor,
+               idx: torch.Tensor, reused: torch.Tensor) -> torch.Tensor:
+    """[n] float32 L2 distance between the new K/V [H_kv, n, D] of slots idx and the K/V the
+    buffers hold there; 0 where `reused` [n] is False (a fresh slot's buffer is garbage)."""
+    dk = (k - k_old[:, idx]).pow(2).sum(dim=(0, 2))
+    dv = (v - v_old[:, idx]).pow(2).sum(dim=(0, 2))
+    dev = (dk + dv).float().sqrt()
+    return torch.where(reused, dev, torch.zeros_like(dev))
 
 
 def _layer(model: Transformer, layer: int, h: torch.Tensor, idx: torch.Tensor,
@@ -209,25 +225,20 @@ def _attention_mass(model: Transformer, q: torch.Tensor, idx: torch.Tensor,
     return torch.softmax(scores.float(), dim=-1).sum(dim=(0, 1))
 
 
-def _count_flops(model: Transformer, n: int, computed: torch.Tensor, l0: torch.Tensor,
-                 probe_tokens: int, layout: Layout, outputs: int) -> tuple[float, float]:
-    """(FLOPs done, FLOPs of a full recompute). A slot at position p sees p + 1 keys in every
-    layout (blocks start right after the shared part)."""
+def _layer_flops(model: Transformer, layout: Layout, idx: torch.Tensor) -> float:
+    """FLOPs of one layer over the slots idx: linear layers, and attention over the p + 1 keys
+    a slot at position p sees (in every layout: blocks start right after the shared part)."""
     a = model.arch
-    per_layer_linear = a.params_per_token_flops() / a.num_layers
-    pos = layout.pos[computed]
-    pos0 = layout.pos[l0]
-    pairs = float((pos + 1).sum())
-    pairs0 = float((pos0 + 1).sum())
-    per_layer_attn = a.attention_flops(1) / a.num_layers
-    qkv_linear = 2 * a.hidden_size * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
-    head = 2 * a.hidden_size * a.vocab_size * outputs
-    done = (per_layer_linear * (len(pos0) + (a.num_layers - 1) * len(pos))
-            + per_layer_attn * (pairs0 + (a.num_layers - 1) * pairs)
-            + qkv_linear * probe_tokens + head)
-    full = (a.params_per_token_flops() * n
-            + per_layer_attn * a.num_layers * float((layout.pos + 1).sum()) + head)
-    return done, full
+    pairs = float((layout.pos[idx] + 1).sum())
+    return (a.params_per_token_flops() * len(idx) + a.attention_flops(1) * pairs) / a.num_layers
+
+
+def _full_flops(model: Transformer, layout: Layout) -> float:
+    """FLOPs of a full recompute of the layout, output logits included."""
+    a = model.arch
+    head = 2 * a.hidden_size * a.vocab_size * len(layout.outputs)
+    every = torch.arange(layout.n, device=layout.pos.device)
+    return _layer_flops(model, layout, every) * a.num_layers + head
 
 
 def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
@@ -275,63 +286,98 @@ def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
         return _prefill(model, inp, policy)
 
 
-def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> PrefillResult:
-    t0 = time.perf_counter()
-    n = inp.ids.shape[0]
-    if n == 0:
-        raise ValueError("empty prompt")
-    layout = inp.layout
-    pos_all = layout.pos
+@dataclass
+class _Start:
+    """What layer 0 and the probe hand to layers >= 1."""
+    idx: torch.Tensor          # [n] slots computed at layer 1 (sorted)
+    h: torch.Tensor            # [n, d] their hidden states after layer 0
+    layer0: torch.Tensor       # [N] bool: slots computed at layer 0
+    flops: float               # layer 0, plus the probe's layer-1 projections left unused
+    qkv1: tuple | None = None  # layer 1's projections of idx, made by the probe
+    found: Probe | None = None  # the probe's scores (None: the policy did not probe)
+
+
+def _layer0_and_probe(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy
+                      ) -> _Start:
+    n, layout, pos_all = inp.ids.shape[0], inp.layout, inp.layout.pos
     fresh = ~inp.have_kv
-    if not bool(fresh[layout.outputs].all()):
-        raise ValueError("every output slot must be fresh (it produces a score)")
-    probe = policy.needs_probe and bool((inp.have_kv & ~inp.exact_kv).any())
-    layer0 = ~inp.exact_kv if probe else (fresh | policy.static_set(inp))
+    reused = inp.have_kv & ~inp.exact_kv
+    probe = policy.needs_probe and bool(reused.any())
+    probed = None
+    if probe:  # layer 0 over the fresh tokens and the reused ones the policy may pick
+        probed = policy.probe_set(inp)
+        probed = reused if probed is None else probed & reused
+    layer0 = (fresh | probed) if probe else (fresh | policy.static_set(inp))
     idx = torch.nonzero(layer0).squeeze(1)
     h = model.embed(inp.ids[idx])
     for layer in (0, 1) if inp.layer is not None else ():
         inp.layer(layer)  # the probe reads layers 0 and 1 whole (unrotated copies suffice)
-    plan = layout.plan(idx)
     q, k, v = model.qkv(0, h)
     inp.k_buf[0][:, idx] = k
     inp.v_buf[0][:, idx] = v
     k_rot = model.rope(inp.k_buf[0], pos_all)
     q_rot = model.rope(q, pos_all[idx])
-    attn = attend_layout(model, q_rot, idx, k_rot, inp.v_buf[0], layout, plan)
+    attn = attend_layout(model, q_rot, idx, k_rot, inp.v_buf[0], layout, layout.plan(idx))
     mass = (_attention_mass(model, q_rot, idx, k_rot, layout)
             if probe and 0 in policy.mass_layers() else None)
     h = model.finish(0, h, attn)
-    start, qkv1, probe_tokens, dev = 1, None, 0, None
-    if probe:
-        q1, k1, v1 = model.qkv(1, h)
-        reused = (inp.have_kv & ~inp.exact_kv)[idx]
-        dev = torch.zeros(n, device=h.device)
-        r_pos = idx[reused]
-        dk = (k1[:, reused] - inp.k_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
-        dv = (v1[:, reused] - inp.v_buf[1][:, r_pos]).pow(2).sum(dim=(0, 2))
-        dev[r_pos] = (dk + dv).float().sqrt()  # float32 whatever the model dtype
-        mass1 = None
-        if 1 in policy.mass_layers():
-            # layer-1 heavy hitters: the answer queries over layer-1 keys as the probe made them
-            k1_all = inp.k_buf[1].clone()
-            k1_all[:, idx] = k1
-            mass1 = _attention_mass(model, model.rope(q1, pos_all[idx]), idx,
-                                    model.rope(k1_all, pos_all), layout)
-        chosen = policy.select(inp, Probe(deviation=dev, mass=mass, mass1=mass1)) | fresh
-        keep = chosen[idx]
-        probe_tokens = len(idx)
-        idx, h = idx[keep], h[keep]
-        qkv1 = (q1[:, keep], k1[:, keep].contiguous(), v1[:, keep].contiguous())
-        plan = layout.plan(idx)
-        mass = mass1 if mass1 is not None else mass
+    out = _Start(idx, h, layer0, _layer_flops(model, layout, idx))
+    if not probe:
+        return out
+    q1, k1, v1 = model.qkv(1, h)
+    dev = torch.zeros(n, device=h.device)
+    dev[idx] = _deviation(k1, v1, inp.k_buf[1], inp.v_buf[1], idx, reused[idx])
+    mass1 = None
+    if 1 in policy.mass_layers():
+        # layer-1 heavy hitters: the answer queries over layer-1 keys as the probe made them
+        k1_all = inp.k_buf[1].clone()
+        k1_all[:, idx] = k1
+        mass1 = _attention_mass(model, model.rope(q1, pos_all[idx]), idx,
+                                model.rope(k1_all, pos_all), layout)
+    out.found = Probe(dev, mass, mass1, probed)
+    keep = (policy.select(inp, out.found) | fresh)[idx]
+    # the probe's layer-1 projections of the tokens it did not choose are extra work
+    out.flops += _qkv_flops(model) * int((~keep).sum())
+    out.idx, out.h = idx[keep], h[keep]
+    out.qkv1 = (q1[:, keep], k1[:, keep].contiguous(), v1[:, keep].contiguous())
+    return out
+
+
+def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> PrefillResult:
+    t0 = time.perf_counter()
+    n = inp.ids.shape[0]
+    if n == 0:
+        raise ValueError("empty prompt")
+    a, layout = model.arch, inp.layout
+    if not bool((~inp.have_kv)[layout.outputs].all()):
+        raise ValueError("every output slot must be fresh (it produces a score)")
+    st = _layer0_and_probe(model, inp, policy)
+    idx, h, flops, found = st.idx, st.h, st.flops, st.found
     computed = torch.zeros(n, dtype=torch.bool, device=h.device)
     computed[idx] = True
+    plan = layout.plan(idx)
     t1 = time.perf_counter()
-    for layer in range(start, model.arch.num_layers):
-        h = _layer(model, layer, h, idx, inp, plan, qkv1 if layer == 1 else None)
-    flops, full = _count_flops(model, n, computed, layer0, probe_tokens, layout,
-                               len(layout.outputs))
+    counts = []
+    for layer in range(1, a.num_layers):
+        if layer > 1 and found is not None:
+            keep = policy.layer_set(inp, (layer - 1) / max(1, a.num_layers - 2), idx, found)
+            if keep is not None and not bool(keep.all()):
+                idx, h = idx[keep], h[keep]
+                plan = layout.plan(idx)
+        h = _layer(model, layer, h, idx, inp, plan, st.qkv1 if layer == 1 else None)
+        flops += _layer_flops(model, layout, idx)
+        counts.append(len(idx))
+    flops += 2 * a.hidden_size * a.vocab_size * len(layout.outputs)
     rows = torch.searchsorted(idx, layout.outputs)
     t2 = time.perf_counter()
-    return PrefillResult(h[rows], computed, int(layer0.sum()), flops, full, dev, mass,
-                         (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+    mass = None
+    if found is not None:
+        mass = found.mass1 if found.mass1 is not None else found.mass
+    return PrefillResult(h[rows], computed, int(st.layer0.sum()), flops,
+                         _full_flops(model, layout), found.deviation if found else None, mass,
+                         (t1 - t0) * 1e3, (t2 - t1) * 1e3, tuple(counts))
+
+
+def _qkv_flops(model: Transformer) -> float:
+    a = model.arch
+    return 2 * a.hidden_size * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
