@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from ..report import markdown_table, write_report
-from .common import (add_candidate_source_option, add_data_options, add_engine_options,
+from .common import (Variant, add_candidate_source_option, add_data_options, add_engine_options,
                      default_variants, engine_config, load_workload, make_engine, pointwise_variants)
 
 log = logging.getLogger(__name__)
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p90_ms", "speedup_vs_full", "speedup_vs_prefix",
            "recomputed_fraction", "flop_bound_speedup", "measured_vs_flop_bound",
            "top1_agreement_vs_full", "kl_vs_full")
+
+
+@dataclass(frozen=True)
+class FlatVariant(Variant):
+    """rcllm with the same budget in every layer (`reuse.depth_decay` 0, the schedule before
+    issue 18): its fidelity and speed beside the depth schedule's, in the same run."""
+
+    @property
+    def label(self) -> str:
+        return super().label + " flat"
+
+    def overrides(self) -> dict:
+        return {**super().overrides(), "depth_decay": 0.0}
 
 
 def register(top, bench) -> None:
@@ -23,6 +37,9 @@ def register(top, bench) -> None:
     add_candidate_source_option(p)
     p.add_argument("--new-reviews", type=int, default=0,
                    help="newest reviews per user NOT built ahead (misses computed on the spot)")
+    p.add_argument("--compare-flat", action="store_true",
+                   help="also run rcllm with the same budget in every layer "
+                        "(reuse.depth_decay=0) at each ratio")
     _scorer_options(p, "verbalizer")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.set_defaults(func=run)
@@ -70,6 +87,9 @@ def _run(args, name: str) -> int:
           f"{engine.model.arch.num_layers} layers, {cfg.model.dtype}, {cfg.model.device})")
     caches = prepare_caches(engine, cases, args.new_reviews, progress=True)
     variants = pointwise_variants() if scorer == "pointwise" else default_variants()
+    if getattr(args, "compare_flat", False):
+        variants += [FlatVariant("rcllm", v.item_ratio, v.history_ratio) for v in variants
+                     if v.method == "rcllm" and not v.user_prefix]
     rows, records = run_ttft(engine, cases, variants, progress=True)
     tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
     summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
@@ -80,6 +100,7 @@ def _run(args, name: str) -> int:
         if row["method"] == "rcllm":
             tag = f"{row['item_ratio']:g}_{row['history_ratio']:g}"
             tag += "_user_prefix" if row["variant"].endswith("+user prefix") else ""
+            tag += "_flat" if row["variant"].endswith(" flat") else ""
             summary[f"rcllm_{tag}_speedup_vs_full"] = row["speedup_vs_full"]
             summary[f"rcllm_{tag}_speedup_vs_prefix"] = row["speedup_vs_prefix"]
     print()
