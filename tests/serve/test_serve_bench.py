@@ -35,7 +35,8 @@ def test_bench_serve_phases(tiny_model_dir, tmp_path):
     args = top.parse_args([
         "serve", "--configs", "2:affinity", "--requests", "6", "--candidates", "6",
         "--qps", "4", "--queue-size", "2", "--redis-local", "--warmup", "all",
-        "--fault-redis", "--soak-s", "4", "--soak-load", "2", "--fault-instance",
+        "--fault-redis", "--soak-s", "4", "--soak-load", "2", "--soak-warmup-s", "2",
+        "--fault-instance",
         "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1",
         "--json", str(report)])
     assert args.func(args) == 0
@@ -53,5 +54,20 @@ def test_bench_serve_phases(tiny_model_dir, tmp_path):
     soak = rows["soak"]
     assert soak["offered_rps"] > soak["capacity_rps"] > 0
     assert {"router+http", "instance0", "instance1"} <= set(soak["rss"])
-    assert soak["warmup"]["failed"] == 0 and soak["warmup"]["sent"] >= 1
+    assert soak["warmup"]["failed"] == 0
+    assert soak["warmup"]["sent"] == max(1, int(soak["offered_rps"] * 2))  # --soak-warmup-s 2
     assert rows["instance-fault"]["ok"] == 6 and rows["instance-fault"]["killed_instance"] == 0
+
+
+def test_bench_serve_takes_the_retrieval_stage():
+    """--candidate-source retrieval gives bench serve the retriever's shortlists (issue 18)."""
+    from rcllm.commands.common import load_workload
+    from rcllm.serve.bench import register_bench
+
+    top = argparse.ArgumentParser()
+    register_bench(top.add_subparsers())
+    for source, retrieved in (("popularity", False), ("retrieval", True)):
+        args = top.parse_args(["serve", "--requests", "5", "--candidate-source", source])
+        _, cases = load_workload(args)
+        assert len(cases) == 5
+        assert all((c.target_retrieved is not None) == retrieved for c in cases)

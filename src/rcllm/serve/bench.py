@@ -28,12 +28,13 @@ COLUMNS = ("config", "phase", "sent", "ok", "rejected_429", "failed", "throughpu
 
 
 def register_bench(bench) -> None:
-    from ..commands.common import add_data_options, add_engine_options
+    from ..commands.common import add_candidate_source_option, add_data_options, add_engine_options
 
     p = bench.add_parser("serve", help="serving throughput / TTFT, 1 vs K instances, policies; "
                                        "faults and a soak as options")
     add_engine_options(p)
     add_data_options(p, requests=40)
+    add_candidate_source_option(p)
     p.add_argument("--qps", type=float, default=2.0, help="arrival rate (default 2)")
     p.add_argument("--configs", default="1:affinity,2:affinity,2:round-robin",
                    help="comma list of INSTANCES:POLICY (default 1:affinity,2:affinity,"
@@ -56,6 +57,10 @@ def register_bench(bench) -> None:
                    help="phase: S seconds at --soak-load x capacity, RSS of every server "
                         "process sampled (default 0 = off)")
     p.add_argument("--soak-load", type=float, default=2.0, help="soak rate over capacity")
+    p.add_argument("--soak-warmup-s", type=float, default=None, metavar="S",
+                   help="the soak's own warm-up at its load before RSS is sampled (default a "
+                        "fifth of --soak-s, at most 120 s); an instance that affinity kept "
+                        "idle fills its bounded caches here")
     p.add_argument("--fault-instance", action="store_true",
                    help="phase (last): the workload again, instance 0 killed at 1/3")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
@@ -92,7 +97,8 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
         capacity = len(backend.instances) * 1e3 / max(1.0, steady["latency_p50_ms"])
         pids = {"router+http": os.getpid(),
                 **{f"instance{i}": pid for i, pid in enumerate(backend.pids())}}
-        res = phases.soak(url, bodies, args.soak_load * capacity, args.soak_s, pids)
+        res = phases.soak(url, bodies, args.soak_load * capacity, args.soak_s, pids,
+                          warm_s=args.soak_warmup_s)
         res["capacity_rps"], res["offered_rps"] = capacity, args.soak_load * capacity
         yield "soak", res
     if args.fault_instance:
@@ -102,6 +108,7 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 def run(args) -> int:
     from ..commands.common import load_workload
     from .app import create_app
+    from ..eval.protocol import retrieval_recall
     from .loadgen import run_load
     from .router import RayBackend
     from .server import start_in_thread
@@ -110,7 +117,13 @@ def run(args) -> int:
 
     if args.fault_redis and not args.redis_local:
         raise RcllmError("--fault-redis needs --redis-local (the run must own the server)")
+    if args.soak_warmup_s is not None and args.soak_warmup_s < 0:
+        raise RcllmError("--soak-warmup-s must be >= 0")
     _ds, cases = load_workload(args)
+    recall = retrieval_recall(cases)
+    if recall is not None:
+        print(f"candidates: the item-kNN retriever's shortlist; it held the target in "
+              f"{recall:.1%} of these requests (kept in the others)")
     bodies = _bodies(cases)
     warm = _warmup_count(args.warmup, len(bodies))
     redis = None
@@ -152,7 +165,7 @@ def run(args) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"config": {k: v for k, v in vars(args).items() if k != "func"},
-                       "rows": rows}, fh, indent=1, default=str)
+                       "retrieval_recall": recall, "rows": rows}, fh, indent=1, default=str)
     return 0
 
 
