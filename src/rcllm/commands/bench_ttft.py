@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from ..report import markdown_table, write_report
 from .common import (Variant, add_candidate_source_option, add_data_options, add_engine_options,
-                     default_variants, engine_config, load_workload, make_engine, pointwise_variants)
+                     default_variants, engine_config, load_workload, make_engine, pointwise_variants,
+                     print_retrieval_recall)
 
 log = logging.getLogger(__name__)
 COLUMNS = ("variant", "ttft_p50_ms", "ttft_p90_ms", "speedup_vs_full", "speedup_vs_prefix",
@@ -109,9 +110,7 @@ def _run(args, name: str) -> int:
           f"{caches['items_built_ahead']}, history chunks built ahead "
           f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "
           f"computed on the spot; {summary['wall_s']:.0f} s")
-    if summary["retrieval_recall"] is not None:
-        print(f"retrieved candidates: the retriever shortlisted the target in "
-              f"{summary['retrieval_recall']:.1%} of these requests (kept in the others)")
+    print_retrieval_recall(summary["retrieval_recall"])
     if args.json:
         config = {"engine": cfg, "data": args.data or "synthetic", "format": args.format,
                   "requests": args.requests, "candidates": args.candidates, "seed": args.seed,

@@ -46,6 +46,13 @@ def add_candidate_source_option(p: argparse.ArgumentParser) -> None:
                         "rcllm.eval.protocol; the retriever's recall is reported)")
 
 
+def print_retrieval_recall(recall: float | None) -> None:
+    """With retrieved candidates, how often the retriever's shortlist held the target."""
+    if recall is not None:
+        print(f"retrieved candidates: the retriever shortlisted the target in {recall:.1%} of "
+              f"these requests (kept in the others)")
+
+
 def engine_config(args) -> RcllmConfig:
     return load(RcllmConfig, args.config, args.overrides)
 

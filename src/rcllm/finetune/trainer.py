@@ -103,12 +103,7 @@ class Trainer:
         same model, data, user split, prompt and LoRA shape (a different split could have
         trained on this run's held-out users)."""
         factors, m = read_adapter(path)
-        cfg, t = self.cfg, self.cfg.train
-        want = {"base_fingerprint": self.loaded.fingerprint, "rank": cfg.lora.rank,
-                "alpha": cfg.lora.alpha, "targets": list(cfg.lora.target_list),
-                "first_layer": cfg.lora.first_layer, "prompt": asdict(cfg.prompt),
-                "split": {"fractions": list(t.fractions), "seed": t.split_seed},
-                "data.digest": dataset_digest(self.ds)}
+        want = {**self._identity(), "data.digest": dataset_digest(self.ds)}
         have = {**m, "data.digest": m.get("data", {}).get("digest")}
         bad = [k for k, v in want.items() if have.get(k) != v]
         if bad:
@@ -121,6 +116,15 @@ class Trainer:
             for k, p in self.lora.factors.items():
                 p.copy_(factors[k].to(p.dtype))
         self.init_sha256 = m["sha256"]
+
+    def _identity(self) -> dict:
+        """The manifest fields an adapter must share with a run that warm-starts from it:
+        base model, LoRA shape, prompt settings and user split."""
+        cfg, t = self.cfg, self.cfg.train
+        return {"base_fingerprint": self.loaded.fingerprint, "rank": cfg.lora.rank,
+                "alpha": cfg.lora.alpha, "targets": list(cfg.lora.target_list),
+                "first_layer": cfg.lora.first_layer, "prompt": asdict(cfg.prompt),
+                "split": {"fractions": list(t.fractions), "seed": t.split_seed}}
 
     # ---- one step -----------------------------------------------------------------------
     def loss_at(self, step: int) -> tuple[torch.Tensor, bool]:
@@ -284,19 +288,12 @@ class Trainer:
                   sum(self.state.losses[i:i + t.log_every]) / len(self.state.losses[i:i + t.log_every]),
                   sum(self.state.hits[i:i + t.log_every]) / len(self.state.hits[i:i + t.log_every])]
                  for i in range(0, len(self.state.losses), t.log_every)]
-        fr = t.fractions
         manifest = {
-            "base_fingerprint": self.loaded.fingerprint, "key": self.key,
-            "rank": self.cfg.lora.rank, "alpha": self.cfg.lora.alpha,
-            "scale": self.cfg.lora.scale, "targets": list(self.cfg.lora.target_list),
-            "first_layer": self.cfg.lora.first_layer,
-            "prompt": asdict(self.cfg.prompt),
-            "split": {"fractions": list(fr), "seed": t.split_seed},
+            **self._identity(), "key": self.key, "scale": self.cfg.lora.scale,
             "data": {"name": self.ds.name, "digest": dataset_digest(self.ds),
                      "train_users": len(self.train_users), "examples": len(self.stream)},
             "train": {**asdict(t), "init_sha256": self.init_sha256},
-            "model": {"dtype": self.cfg.model.dtype,
-                                          "threads": self.cfg.model.threads},
+            "model": {"dtype": self.cfg.model.dtype, "threads": self.cfg.model.threads},
             "loss_curve": curve, "train_seconds": round(self.state.elapsed_s, 1),
         }
         path = save_adapter(self.folder, self.lora.factors, manifest)

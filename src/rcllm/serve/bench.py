@@ -106,7 +106,7 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 
 
 def run(args) -> int:
-    from ..commands.common import load_workload
+    from ..commands.common import load_workload, print_retrieval_recall
     from .app import create_app
     from ..eval.protocol import retrieval_recall
     from .loadgen import run_load
@@ -121,9 +121,7 @@ def run(args) -> int:
         raise RcllmError("--soak-warmup-s must be >= 0")
     _ds, cases = load_workload(args)
     recall = retrieval_recall(cases)
-    if recall is not None:
-        print(f"candidates: the item-kNN retriever's shortlist; it held the target in "
-              f"{recall:.1%} of these requests (kept in the others)")
+    print_retrieval_recall(recall)
     bodies = _bodies(cases)
     warm = _warmup_count(args.warmup, len(bodies))
     redis = None
