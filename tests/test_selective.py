@@ -96,6 +96,27 @@ def test_selection_respects_budgets_and_computes_fresh(tiny_loaded, workload):
     assert epic.stats["recomputed_tokens"] == fresh + 2 * chunks
 
 
+def test_stats_record_what_each_layer_recomputed(tiny_loaded, workload):
+    """recomputed_fraction is layer 1's share; under a depth schedule the deeper layers compute
+    fewer tokens, which layer_tokens and mean_recomputed_fraction report (flat: all equal)."""
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[1]
+    _prime(eng, case)
+    layers = tiny_loaded.model.arch.num_layers
+    flat = eng.rank(_req(case), "rcllm", depth_decay=0.0).stats
+    assert flat["layer_tokens"] == (flat["recomputed_tokens"],) * (layers - 1)
+    assert flat["mean_recomputed_fraction"] == pytest.approx(flat["recomputed_fraction"])
+    deep = eng.rank(_req(case), "rcllm", depth_decay=1.0, item_ratio=0.5,
+                    history_ratio=0.5).stats
+    assert deep["layer_tokens"][0] == deep["recomputed_tokens"]
+    assert list(deep["layer_tokens"]) == sorted(deep["layer_tokens"], reverse=True)
+    assert deep["layer_tokens"][-1] < deep["layer_tokens"][0]
+    want = sum(deep["layer_tokens"]) / ((layers - 1) * deep["tokens"])
+    assert deep["mean_recomputed_fraction"] == pytest.approx(want)
+    assert deep["mean_recomputed_fraction"] < deep["recomputed_fraction"]
+
+
 def test_cache_keys_change_with_fingerprint(tiny_loaded, workload):
     ds, _ = workload
     eng = _engine(tiny_loaded, ds)

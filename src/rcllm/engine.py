@@ -59,7 +59,11 @@ class RankStats(Mapping):
     prototype_tokens: int = 0
     prototype_chunks: int = 0
     recomputed_tokens: int = 0
-    recomputed_fraction: float = 0.0
+    recomputed_fraction: float = 0.0  # of the slots computed at layer 1 (the deepest set)
+    # tokens computed at each layer >= 1 (a depth schedule shrinks them) and their mean share of
+    # the slots over those layers: what the FLOPs follow, where recomputed_fraction is layer 1's
+    layer_tokens: tuple = ()
+    mean_recomputed_fraction: float = 0.0
     recomputed_by_kind: dict = field(default_factory=dict)
     tokens_by_kind: dict = field(default_factory=dict)
     layer0_tokens: int = 0
@@ -488,6 +492,10 @@ class Engine:
         computed = res.computed.cpu()
         stats.recomputed_tokens = int(computed.sum())
         stats.recomputed_fraction = float(computed.float().mean())
+        stats.layer_tokens = tuple(res.layer_tokens)
+        layers = res.layer_tokens
+        stats.mean_recomputed_fraction = (sum(layers) / (len(layers) * len(computed)) if layers
+                                          else stats.recomputed_fraction)
         stats.recomputed_by_kind = {k: int((computed & (kinds == KINDS.index(k))).sum())
                                     for k in KINDS}
         stats.tokens_by_kind = {k: int((kinds == KINDS.index(k)).sum()) for k in KINDS}

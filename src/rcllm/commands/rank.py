@@ -93,7 +93,8 @@ def run(args) -> int:
     finally:
         close_store(engine.store)      # writes this run's new chunks to disk before exiting
     print(f"method {res.method}: TTFT {res.ttft_ms:.0f} ms, {res.stats['tokens']} tokens, "
-          f"{res.stats['recomputed_fraction']:.0%} recomputed, chunk hits "
+          f"{res.stats['recomputed_fraction']:.0%} recomputed at layer 1 "
+          f"({res.stats['mean_recomputed_fraction']:.0%} over all layers), chunk hits "
           f"{res.stats['chunk_hits']}, misses {res.stats['chunk_misses']}")
     if kv_dir:
         disk = [t for t in tiers(engine.store) if hasattr(t, "slot")]
