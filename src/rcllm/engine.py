@@ -162,6 +162,7 @@ class Scorer(abc.ABC):
     (higher is better)."""
 
     name = ""
+    head_rows: int | None = None  # output-head rows score() computes (None: the vocabulary)
 
     def __init__(self, source):
         self.source = source
@@ -214,6 +215,7 @@ class PointwiseScorer(Scorer):
     pass; score = the " Yes" − " No" logit at each block's last slot (TALLRec)."""
 
     name = "pointwise"
+    head_rows = 2  # the " Yes" and " No" rows only
 
     def __init__(self, builder: PromptBuilder, max_positions: int):
         from .userprefix.prompt import PointwisePrompt
@@ -462,6 +464,7 @@ class Engine:
                 k_buf[:, :, s:e] = entry.k
                 v_buf[:, :, s:e] = entry.v
         inp.source = source
+        inp.head_rows = self.strategy.head_rows
         return inp, stats, misses
 
     def rank(self, req: RankRequest, method: str | None = None, keep_tensors: bool = False,

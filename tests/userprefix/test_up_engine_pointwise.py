@@ -165,3 +165,20 @@ def test_explain_says_where_every_token_came_from(tiny_loaded, workload):
     assert ex["tokens"][0]["source"] == "prefix"  # the instruction, from the prefix cache
     assert all(v >= 0 for v in ex["timing_ms"].values())
     assert "".join(t["text"] for t in ex["tokens"]).startswith("<|im_start|>system")
+
+
+def test_flops_count_the_two_head_rows_the_scorer_reads(tiny_loaded, workload):
+    """The pointwise scorer computes the " Yes" and " No" logits only, so its FLOPs (and the
+    FLOP bound's full recompute) charge two head rows per candidate, not the vocabulary."""
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    a = eng.model.arch
+    res = eng.rank(_req(case), "full")
+    st = res.stats
+    assert st["flops"] == pytest.approx(st["full_flops"], rel=1e-9)
+    whole = 2 * a.hidden_size * a.vocab_size * len(case.candidates)
+    two = 2 * a.hidden_size * 2 * len(case.candidates)
+    eng.strategy.head_rows = None  # what the accounting charged before: the vocabulary
+    wide = eng.rank(_req(case), "full").stats
+    assert wide["full_flops"] - st["full_flops"] == pytest.approx(whole - two, rel=1e-6)

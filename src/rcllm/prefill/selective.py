@@ -156,6 +156,9 @@ class PrefillInputs:
     layer: Callable[[int], torch.Tensor | None] | None = None
     layout: Layout | None = None  # None: one causal sequence (slot index == position)
     source: torch.Tensor | None = None  # [N] int8 codes of engine.SOURCES (explain only)
+    # rows of the output head the scorer computes per output slot (FLOP accounting only):
+    # None = the whole vocabulary; the pointwise scorer reads two (" Yes", " No")
+    head_rows: int | None = None
 
     def __post_init__(self):
         if self.layout is None:
@@ -233,10 +236,16 @@ def _layer_flops(model: Transformer, layout: Layout, idx: torch.Tensor) -> float
     return (a.params_per_token_flops() * len(idx) + a.attention_flops(1) * pairs) / a.num_layers
 
 
-def _full_flops(model: Transformer, layout: Layout) -> float:
+def _head_flops(model: Transformer, layout: Layout, head_rows: int | None) -> float:
+    """FLOPs of the output head over the layout's output slots (head_rows None: every row)."""
+    a = model.arch
+    return 2 * a.hidden_size * (head_rows or a.vocab_size) * len(layout.outputs)
+
+
+def _full_flops(model: Transformer, layout: Layout, head_rows: int | None = None) -> float:
     """FLOPs of a full recompute of the layout, output logits included."""
     a = model.arch
-    head = 2 * a.hidden_size * a.vocab_size * len(layout.outputs)
+    head = _head_flops(model, layout, head_rows)
     every = torch.arange(layout.n, device=layout.pos.device)
     return _layer_flops(model, layout, every) * a.num_layers + head
 
@@ -367,14 +376,14 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
         h = _layer(model, layer, h, idx, inp, plan, st.qkv1 if layer == 1 else None)
         flops += _layer_flops(model, layout, idx)
         counts.append(len(idx))
-    flops += 2 * a.hidden_size * a.vocab_size * len(layout.outputs)
+    flops += _head_flops(model, layout, inp.head_rows)
     rows = torch.searchsorted(idx, layout.outputs)
     t2 = time.perf_counter()
     mass = None
     if found is not None:
         mass = found.mass1 if found.mass1 is not None else found.mass
     return PrefillResult(h[rows], computed, int(st.layer0.sum()), flops,
-                         _full_flops(model, layout), found.deviation if found else None, mass,
+                         _full_flops(model, layout, inp.head_rows), found.deviation if found else None, mass,
                          (t1 - t0) * 1e3, (t2 - t1) * 1e3, tuple(counts))
 
 
