@@ -495,8 +495,7 @@ class Engine:
         computed = res.computed.cpu()
         stats.recomputed_tokens = int(computed.sum())
         stats.recomputed_fraction = float(computed.float().mean())
-        stats.layer_tokens = tuple(res.layer_tokens)
-        layers = res.layer_tokens
+        layers = stats.layer_tokens = tuple(res.layer_tokens)
         stats.mean_recomputed_fraction = (sum(layers) / (len(layers) * len(computed)) if layers
                                           else stats.recomputed_fraction)
         stats.recomputed_by_kind = {k: int((computed & (kinds == KINDS.index(k))).sum())

@@ -383,7 +383,8 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
     if found is not None:
         mass = found.mass1 if found.mass1 is not None else found.mass
     return PrefillResult(h[rows], computed, int(st.layer0.sum()), flops,
-                         _full_flops(model, layout, inp.head_rows), found.deviation if found else None, mass,
+                         _full_flops(model, layout, inp.head_rows),
+                         found.deviation if found else None, mass,
                          (t1 - t0) * 1e3, (t2 - t1) * 1e3, tuple(counts))
 
 
