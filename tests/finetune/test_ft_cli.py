@@ -75,3 +75,43 @@ def test_help_shows_this_commands_defaults(capsys):
         main(["finetune", "--help"])
     out = capsys.readouterr().out
     assert exit_info.value.code == 0 and "prompt.history_window = 5" in out and "lora.rank" in out
+
+
+def test_recipe_chains_its_stages_and_finds_them_again(tiny_model_dir, tmp_path, capsys,
+                                                      monkeypatch):
+    from rcllm.commands import finetune as cmd
+    from rcllm.finetune.adapter import read_manifest
+
+    stages = (("standard", ("train.steps=3",)),
+              ("tail", ("train.reuse=true", "train.reuse_tail=1", "train.steps=2",
+                        "train.lr=5e-4")))
+    monkeypatch.setitem(cmd.RECIPES, "item-tail", stages)
+    common = ["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
+              *TINY_TRAIN[2:], "--recipe", "item-tail"]   # TINY_TRAIN[:2] sets train.steps
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert "stage 1/2: standard" in out and "stage 2/2: tail" in out
+    folders = sorted((tmp_path / "cache" / "adapters").iterdir())
+    assert len(folders) == 2
+    manifests = {f.name: read_manifest(f) for f in folders}
+    tail = next(m for m in manifests.values() if m["train"]["reuse"])
+    first = next(m for m in manifests.values() if not m["train"]["reuse"])
+    # the second stage starts from the first one's factors and says so by checksum
+    assert tail["train"]["init_sha256"] == first["sha256"]
+    assert tail["train"]["steps"] == 2 and tail["train"]["reuse_tail"] == 1
+    assert first["train"]["steps"] == 3 and first["train"]["init_sha256"] is None
+    # the same command again finds both stages instead of retraining them
+    assert main(common) == 0
+    assert capsys.readouterr().out.count("already trained") == 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--set", "train.lr=1e-3"], "train.lr"),
+    (["--set", "train.init=/x"], "train.init"),
+    (["--fresh"], "--fresh"),
+])
+def test_recipe_refuses_what_its_stages_set(tiny_model_dir, tmp_path, capsys, extra, message):
+    rc = main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
+               "--recipe", "item-tail", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0]

@@ -13,6 +13,20 @@ from ..errors import RcllmError
 ADAPTER_FILES = ("adapter.json", "adapter.safetensors")
 CHECKPOINT_FILES = ("checkpoint/state.json", "checkpoint/state.safetensors")
 
+# `--recipe NAME`: named chains of runs, each stage warm-started from the one before
+# (`train.init`); the stages are the ones measured in docs/finetune.md. A stage is (label,
+# overrides); the user's --set options apply to every stage and may not name a key a stage sets.
+TAIL = ("train.reuse=true", "train.reuse_tail=1")
+RECIPES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    # Gift Cards (session 6): the standard adapter, then three item-tail stages
+    "item-tail": (
+        ("standard", ()),
+        ("item tail, stage 1", (*TAIL, "train.lr=5e-4", "train.steps=300")),
+        ("item tail, stage 2", (*TAIL, "train.lr=3e-4", "train.steps=400")),
+        ("item tail, stage 3", (*TAIL, "train.lr=2e-4", "train.steps=400", "train.seed=1")),
+    ),
+}
+
 
 def _describe() -> list[str]:
     """Option lines with this command's defaults (its prompt defaults differ from the engine's,
@@ -45,6 +59,13 @@ def register(top, bench) -> None:
                         + "\n".join(_describe()))
     p.add_argument("--out", metavar="DIR", help="adapter folder (default: the cache folder "
                                                 "keyed by model, data and options)")
+    p.add_argument("--recipe", choices=sorted(RECIPES),
+                   help="train a chain of stages, each warm-started from the one before, and "
+                        "print the last adapter:\n"
+                        + "\n".join(f"  {name}: " + " -> ".join(label for label, _ in stages)
+                                    for name, stages in RECIPES.items())
+                        + "\n(a finished stage is found in the cache folder, not retrained; "
+                          "--out names the last stage's folder)")
     p.add_argument("--fresh", action="store_true",
                    help="discard a checkpoint or finished adapter in the folder and start over (only the "
                         "files finetune writes; a folder that is not an adapter folder is refused)")
@@ -52,22 +73,32 @@ def register(top, bench) -> None:
 
 
 def run(args) -> int:
+    from .common import load_data
+
+    if args.fresh and args.out:
+        check_discardable(Path(args.out))   # before minutes of loading, not after
+    if args.recipe:
+        _check_recipe(args)                 # before loading, too
+        return _run_recipe(args, load_data(args))
+    folder = _train(args, args.overrides, args.out, load_data(args))
+    print(f"use it: rcllm eval --adapter {folder} --data ... --users test --baselines")
+    return 0
+
+
+def _train(args, overrides: list[str], out: str | None, ds) -> Path:
+    """One run: trains (or finds finished) the adapter of these options; returns its folder."""
     from ..config import load
     from ..eval.protocol import split_users
     from ..finetune.config import FinetuneConfig
     from ..finetune.data import dataset_digest
     from ..finetune.trainer import Trainer, adapter_folder, finished, run_key
     from ..model.loading import load_model
-    from .common import load_data
 
-    if args.fresh and args.out:
-        check_discardable(Path(args.out))   # before minutes of loading, not after
-    cfg = load(FinetuneConfig, args.config, args.overrides)
-    ds = load_data(args)
+    cfg = load(FinetuneConfig, args.config, overrides)
     train_users, _, _ = split_users(ds, cfg.train.fractions, cfg.train.split_seed)
     loaded = load_model(cfg.model)
     key = run_key(loaded.fingerprint, dataset_digest(ds), cfg)
-    folder = Path(args.out) if args.out else adapter_folder(cfg, key)
+    folder = Path(out) if out else adapter_folder(cfg, key)
     if args.fresh:
         discard_run(folder)
     if finished(folder):
@@ -78,7 +109,35 @@ def run(args) -> int:
         Trainer(loaded, ds, train_users, cfg, folder, key).run(progress=True)
         print(f"trained in {time.perf_counter() - start:.0f} s this session")
     _summary(folder)
-    print(f"use it: rcllm eval --adapter {folder} --data ... --users test --baselines")
+    return folder
+
+
+def _check_recipe(args) -> None:
+    """Refuses options that a recipe's stages set themselves, and --fresh."""
+    stages = RECIPES[args.recipe]
+    staged = {item.split("=", 1)[0].strip() for _, extra in stages for item in extra}
+    staged.add("train.init")
+    clash = sorted(k for k in (item.split("=", 1)[0].strip() for item in args.overrides)
+                   if k in staged)
+    if clash:
+        raise RcllmError(f"--recipe {args.recipe} sets {', '.join(clash)} per stage; drop "
+                         f"--set {clash[0]} (or train the stages one by one without --recipe)")
+    if args.fresh:
+        raise RcllmError("--fresh with --recipe would retrain every stage; give --fresh to "
+                         "the one run to redo, without --recipe")
+
+
+def _run_recipe(args, ds) -> int:
+    """The stages of `args.recipe` in order, each with `train.init` = the previous folder."""
+    stages = RECIPES[args.recipe]
+    folder: Path | None = None
+    for i, (label, extra) in enumerate(stages, 1):
+        print(f"== {args.recipe}, stage {i}/{len(stages)}: {label}")
+        init = [f"train.init={folder}"] if folder is not None else []
+        out = args.out if i == len(stages) else None
+        folder = _train(args, [*args.overrides, *extra, *init], out, ds)
+    print(f"use it: rcllm eval --adapter {folder} --data ... --users heldout --methods "
+          f"full,naive --baselines")
     return 0
 
 
