@@ -103,11 +103,16 @@ def test_recipe_chains_its_stages_and_finds_them_again(tiny_model_dir, tmp_path,
     # the same command again finds both stages instead of retraining them
     assert main(common) == 0
     assert capsys.readouterr().out.count("already trained") == 2
+    # a finished adapter given as the first stage: the later stages start from it
+    first_dir = next(f for f in folders if not manifests[f.name]["train"]["reuse"])
+    assert main([*common, "--set", f"train.init={first_dir}"]) == 0
+    out = capsys.readouterr().out
+    assert f"given by train.init: {first_dir}" in out and out.count("already trained") == 1
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--set", "train.lr=1e-3"], "train.lr"),
-    (["--set", "train.init=/x"], "train.init"),
+    (["--set", "train.init=/x"], "not a finished adapter"),
     (["--fresh"], "--fresh"),
 ])
 def test_recipe_refuses_what_its_stages_set(tiny_model_dir, tmp_path, capsys, extra, message):

@@ -65,7 +65,8 @@ def register(top, bench) -> None:
                         + "\n".join(f"  {name}: " + " -> ".join(label for label, _ in stages)
                                     for name, stages in RECIPES.items())
                         + "\n(a finished stage is found in the cache folder, not retrained; "
-                          "--out names the last stage's folder)")
+                          "--set train.init=ADAPTER takes a finished adapter as the first "
+                          "stage; --out names the last stage's folder)")
     p.add_argument("--fresh", action="store_true",
                    help="discard a checkpoint or finished adapter in the folder and start over (only the "
                         "files finetune writes; a folder that is not an adapter folder is refused)")
@@ -116,7 +117,6 @@ def _check_recipe(args) -> None:
     """Refuses options that a recipe's stages set themselves, and --fresh."""
     stages = RECIPES[args.recipe]
     staged = {item.split("=", 1)[0].strip() for _, extra in stages for item in extra}
-    staged.add("train.init")
     clash = sorted(k for k in (item.split("=", 1)[0].strip() for item in args.overrides)
                    if k in staged)
     if clash:
@@ -129,13 +129,23 @@ def _check_recipe(args) -> None:
 
 def _run_recipe(args, ds) -> int:
     """The stages of `args.recipe` in order, each with `train.init` = the previous folder."""
+    from ..finetune.trainer import finished
+
     stages = RECIPES[args.recipe]
+    given = [item for item in args.overrides if item.split("=", 1)[0].strip() == "train.init"]
+    overrides = [item for item in args.overrides if item not in given]
     folder: Path | None = None
     for i, (label, extra) in enumerate(stages, 1):
         print(f"== {args.recipe}, stage {i}/{len(stages)}: {label}")
+        if i == 1 and given:      # the first stage's adapter is one the user already has
+            folder = Path(given[-1].split("=", 1)[1].strip()).expanduser()
+            if not finished(folder):
+                raise RcllmError(f"train.init={folder}: not a finished adapter folder")
+            print(f"given by train.init: {folder}")
+            continue
         init = [f"train.init={folder}"] if folder is not None else []
         out = args.out if i == len(stages) else None
-        folder = _train(args, [*args.overrides, *extra, *init], out, ds)
+        folder = _train(args, [*overrides, *extra, *init], out, ds)
     print(f"use it: rcllm eval --adapter {folder} --data ... --users heldout --methods "
           f"full,naive --baselines")
     return 0
