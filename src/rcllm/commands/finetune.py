@@ -113,34 +113,43 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
     return folder
 
 
+def _key(item: str) -> str:
+    """The option name of a `--set key=value` item."""
+    return item.split("=", 1)[0].strip()
+
+
+def _given_init(args) -> Path | None:
+    """The finished adapter `--set train.init=` names as a recipe's first stage, if any."""
+    given = [item for item in args.overrides if _key(item) == "train.init"]
+    return Path(given[-1].split("=", 1)[1].strip()).expanduser() if given else None
+
+
 def _check_recipe(args) -> None:
-    """Refuses options that a recipe's stages set themselves, and --fresh."""
-    stages = RECIPES[args.recipe]
-    staged = {item.split("=", 1)[0].strip() for _, extra in stages for item in extra}
-    clash = sorted(k for k in (item.split("=", 1)[0].strip() for item in args.overrides)
-                   if k in staged)
+    """Refuses, before any loading, options that a recipe's stages set themselves, --fresh,
+    and a first-stage adapter that is not a finished one."""
+    from ..finetune.trainer import finished
+
+    staged = {_key(item) for _, extra in RECIPES[args.recipe] for item in extra}
+    clash = sorted(k for k in map(_key, args.overrides) if k in staged)
     if clash:
         raise RcllmError(f"--recipe {args.recipe} sets {', '.join(clash)} per stage; drop "
                          f"--set {clash[0]} (or train the stages one by one without --recipe)")
     if args.fresh:
         raise RcllmError("--fresh with --recipe would retrain every stage; give --fresh to "
                          "the one run to redo, without --recipe")
+    given = _given_init(args)
+    if given is not None and not finished(given):
+        raise RcllmError(f"train.init={given}: not a finished adapter folder")
 
 
 def _run_recipe(args, ds) -> int:
     """The stages of `args.recipe` in order, each with `train.init` = the previous folder."""
-    from ..finetune.trainer import finished
-
     stages = RECIPES[args.recipe]
-    given = [item for item in args.overrides if item.split("=", 1)[0].strip() == "train.init"]
-    overrides = [item for item in args.overrides if item not in given]
-    folder: Path | None = None
+    overrides = [item for item in args.overrides if _key(item) != "train.init"]
+    folder = _given_init(args)     # the first stage's adapter, when the user already has it
     for i, (label, extra) in enumerate(stages, 1):
         print(f"== {args.recipe}, stage {i}/{len(stages)}: {label}")
-        if i == 1 and given:      # the first stage's adapter is one the user already has
-            folder = Path(given[-1].split("=", 1)[1].strip()).expanduser()
-            if not finished(folder):
-                raise RcllmError(f"train.init={folder}: not a finished adapter folder")
+        if i == 1 and folder is not None:
             print(f"given by train.init: {folder}")
             continue
         init = [f"train.init={folder}"] if folder is not None else []
