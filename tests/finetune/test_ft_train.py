@@ -7,7 +7,7 @@ import torch
 
 from rcllm.eval.protocol import split_users
 from rcllm.finetune.adapter import read_adapter
-from rcllm.finetune.lora import LoraPatch
+from rcllm.finetune.lora import Lora, LoraPatch
 from rcllm.finetune.trainer import Trainer
 from rcllm.model.loading import load_model
 
@@ -79,7 +79,7 @@ def _assert_gradient_reaches_every_factor(t):
     patch = LoraPatch(t.model, t.lora)
     patch.install()
     try:
-        loss, _ = t.loss_at(0)
+        loss = t.loss_at(0)[0]
         loss.backward()
     finally:
         patch.restore()
@@ -163,3 +163,58 @@ def test_warm_start_copies_a_matching_adapter_and_refuses_another(tiny_ft_config
     other = tiny_ft_config(steps=4, init=str(tmp_path / "std"), split_seed=1)
     with pytest.raises(RcllmError, match="split"):
         _trainer(other, fav_dataset, tmp_path / "other")
+
+
+def test_distill_teacher_is_the_init_adapters_full_path_and_the_kl_goes_down(
+        tiny_ft_config, fav_dataset, tmp_path):
+    """train.distill: the teacher is the init adapter's full path (frozen), the student's reuse
+    path is pulled towards it, and a run without the option keeps its old key."""
+    from rcllm.errors import RcllmError
+    from rcllm.finetune.trainer import run_key
+
+    _trainer(tiny_ft_config(steps=100, candidates=3), fav_dataset, tmp_path / "std").run(
+        progress=False)
+    init = str(tmp_path / "std")
+    cfg = tiny_ft_config(steps=40, candidates=3, reuse=True, init=init, distill=1.0)
+    t = _trainer(cfg, fav_dataset, tmp_path / "d")
+    teacher = t.teacher_scores(5)
+    plain = _trainer(tiny_ft_config(steps=30, candidates=3), fav_dataset, tmp_path / "p")
+    std = LoraPatch(plain.model, Lora(plain.cfg.lora, read_adapter(init)[0]))
+    std.install()
+    with torch.no_grad():
+        want = plain.pointwise_scores(plain.stream.draw(5))
+    std.restore()
+    torch.testing.assert_close(teacher, want, rtol=1e-4, atol=1e-4)
+
+    def probe_kl():
+        patch = LoraPatch(t.model, t.lora, t._base)
+        kls = []
+        for s in range(8):
+            tch = t.teacher_scores(s)
+            patch.install()
+            with torch.no_grad():
+                kls.append(float(t.loss_at(s, tch)[2]))
+        patch.restore()
+        return sum(kls) / len(kls)
+
+    # The tiny model's reuse path is nearly its full path (KL ~1e-6): start the student from
+    # the base weights instead, so that there is a distance to the teacher to close.
+    with torch.no_grad():
+        for name, f in t.lora.factors.items():
+            if name.endswith("lora_B"):
+                f.zero_()
+    before = probe_kl()
+    assert before > 1e-3
+    t.run(progress=False)
+    after = probe_kl()
+    assert after < 0.5 * before
+    _, manifest = read_adapter(tmp_path / "d")
+    assert all(len(row) == 4 for row in manifest["loss_curve"])  # KL recorded per window
+    assert manifest["train"]["distill"] == 1.0
+    undistilled = tiny_ft_config(steps=40, candidates=3, reuse=True, init=init)
+    assert "distill" not in undistilled.key_fields()["train"]
+    assert run_key("m", "d", cfg) != run_key("m", "d", undistilled)
+    with pytest.raises(RcllmError, match="train.init"):
+        tiny_ft_config(distill=0.5, reuse=True)
+    with pytest.raises(RcllmError, match="0..1"):
+        tiny_ft_config(distill=2.0, reuse=True, init=init)

@@ -214,5 +214,7 @@ def _summary(folder: Path) -> None:
     curve = m["loss_curve"]
     print(f"training time {m['train_seconds']:.0f} s ({m['model']['threads']} threads); "
           f"loss per {m['train']['log_every']} steps:")
-    print("  " + "  ".join(f"{step}:{loss:.2f}/{acc:.2f}" for step, loss, acc in curve)
-          + "   (step:loss/top-1 hit rate on the training prompts)")
+    print("  " + "  ".join(f"{step}:{loss:.2f}/{acc:.2f}" + "".join(f" kl {k:.3f}" for k in kl)
+                           for step, loss, acc, *kl in curve)
+          + "   (step:cross-entropy/top-1 hit rate on the training prompts"
+          + (", KL to the teacher)" if curve and len(curve[0]) > 3 else ")"))

@@ -71,6 +71,10 @@ class TrainConfig:
                         "a curriculum, e.g. a reuse-aware run warm-started from a standard "
                         "adapter; it must share this run's model, data, user split, prompt and "
                         "LoRA shape (so no held-out user was ever trained on)")
+    distill: float = opt(0.0, "with train.reuse and train.init: weight d of distillation from "
+                              "the init adapter's full path (the teacher, frozen): loss = "
+                              "(1-d)·cross-entropy of the target + d·KL(teacher's candidate "
+                              "distribution || this run's reuse path's); 0 = off")
     candidates: int = opt(8, "candidates per training prompt (target + popularity negatives)")
     targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
@@ -94,6 +98,11 @@ class TrainConfig:
                              f"not {self.objective!r}")
         if self.reuse_tail < 0 or (self.reuse_tail and not self.reuse):
             raise RcllmError("train.reuse_tail must be >= 0 and needs train.reuse=true")
+        if not 0.0 <= self.distill <= 1.0:
+            raise RcllmError(f"train.distill must be within 0..1, got {self.distill}")
+        if self.distill and not (self.reuse and self.init):
+            raise RcllmError("train.distill needs train.reuse=true and train.init=ADAPTER "
+                             "(the teacher is the init adapter's full path)")
         if self.reuse and self.objective != "pointwise":
             raise RcllmError("train.reuse needs train.objective=pointwise")
         if not 2 <= self.candidates <= 26:
@@ -132,6 +141,8 @@ class FinetuneConfig:
             tree["model"].pop(name)
         for name in ("checkpoint_every", "log_every"):
             tree["train"].pop(name)
+        if not self.train.distill:  # absent when off: keys of runs before the option hold
+            tree["train"].pop("distill")
         if self.train.init:  # the starting factors by content, not by where they lie
             from .adapter import read_manifest
 

@@ -70,6 +70,11 @@ class Lora:
         return (self.factors[b_name] @ self.factors[a_name]) * self.cfg.scale  # [out, in]
 
 
+def base_weights(model: Transformer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (w_qkv, w_o) each layer holds now: capture them before any patch is installed."""
+    return [(w.w_qkv, w.w_o) for w in model.layers]
+
+
 class LoraPatch:
     """Installs base + delta into a Transformer's fused weights; `restore()` puts the base back.
 
@@ -77,9 +82,12 @@ class LoraPatch:
     so use one patch per model at a time.
     """
 
-    def __init__(self, model: Transformer, lora: Lora):
+    def __init__(self, model: Transformer, lora: Lora,
+                 base: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """`base`: the unpatched (w_qkv, w_o) per layer, when the model may hold another
+        patch's weights now (two adapters taking turns share the base they captured)."""
         self.model, self.lora = model, lora
-        self.base = [(w.w_qkv, w.w_o) for w in model.layers]
+        self.base = base if base is not None else base_weights(model)
         shapes = projection_shapes(model.arch)
         self.rows = [shapes[t][0] for t in ("q", "k", "v")]
 

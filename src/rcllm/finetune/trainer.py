@@ -9,6 +9,10 @@ weights:
   with popularity negatives). This is what the engine's pointwise scorer ranks by.
   `train.reuse` (reuse-aware, after Block-Attention / KVLink): the item chunks' KV comes from a
   pass over the template context and the chunk only, as the chunk store holds it.
+  `train.distill` = d adds a teacher: the `train.init` adapter's full path (frozen, no graph)
+  scores the same candidates, and the loss becomes (1 − d)·cross-entropy + d·KL(teacher ‖
+  student) over the candidates — a dense target per step (every candidate's share, not only
+  which one is the target) that asks the reuse path to rank as the full path does.
 - listwise: the engine's listwise prompt (PromptBuilder, verbalizer question); cross-entropy of
   the target's label among the candidate labels at the last position — the softmax the
   verbalizer scorer ranks by (`prefill.scoring.verbalizer_scores`).
@@ -44,7 +48,7 @@ from ..records import Dataset, UserId
 from .adapter import read_adapter, read_manifest, save_adapter, write_atomic
 from .config import FinetuneConfig
 from .data import ExampleStream, dataset_digest
-from .lora import Lora, LoraPatch
+from .lora import Lora, LoraPatch, base_weights
 from .optim import AdamW, clip_grad_norm, lr_at
 
 log = logging.getLogger(__name__)
@@ -66,7 +70,8 @@ class TrainState:
     """What a checkpoint restores besides tensors (JSON)."""
 
     step: int = 0                                     # steps completed
-    losses: list[float] = field(default_factory=list)  # one per completed step
+    losses: list[float] = field(default_factory=list)  # cross-entropy of the target, per step
+    kls: list[float] = field(default_factory=list)     # KL(teacher || student), with distill
     hits: list[int] = field(default_factory=list)      # target ranked first (before the update)
     elapsed_s: float = 0.0                            # training time over all sessions
 
@@ -84,11 +89,16 @@ class Trainer:
         t = cfg.train
         self.stream = ExampleStream(ds, train_users, t.targets, cfg.prompt.history_window,
                                     t.candidates, t.seed)
+        self._base = base_weights(self.model)  # before any patch: shared by student, teacher
         self.lora = Lora.init(self.model.arch, cfg.lora, t.seed, self.model.dtype,
                               str(self.model.device))
         self.init_sha256 = None
+        self.teacher = None  # the init adapter's factors (frozen) when distilling
         if t.init:
             self._warm_start(t.init)
+        if t.distill:
+            self.teacher = Lora(cfg.lora, {k: p.detach().clone()
+                                           for k, p in self.lora.factors.items()})
         self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
         self.state = TrainState()
         self.pointwise = None
@@ -127,15 +137,31 @@ class Trainer:
                 "split": {"fractions": list(t.fractions), "seed": t.split_seed}}
 
     # ---- one step -----------------------------------------------------------------------
-    def loss_at(self, step: int) -> tuple[torch.Tensor, bool]:
-        """Loss of step `step`'s prompt under the current factors (graph kept for backward),
-        and whether the target scored highest."""
+    def loss_at(self, step: int, teacher: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
+        """Step `step`'s prompt under the current factors (graph kept for backward): the loss
+        optimised, the target's cross-entropy, the KL from `teacher` scores (when given) and
+        whether the target scored highest."""
         draw = self.stream.draw(step)
         scores = (self.pointwise_scores(draw) if self.pointwise is not None
                   else self.listwise_scores(draw))
-        loss = F.cross_entropy(scores.unsqueeze(0),
-                               torch.tensor([draw.target_index], device=scores.device))
-        return loss, int(scores.argmax()) == draw.target_index
+        ce = F.cross_entropy(scores.unsqueeze(0),
+                             torch.tensor([draw.target_index], device=scores.device))
+        hit = int(scores.argmax()) == draw.target_index
+        if teacher is None:
+            return ce, ce, None, hit
+        kl = F.kl_div(F.log_softmax(scores, -1), F.log_softmax(teacher, -1), log_target=True,
+                      reduction="sum")
+        d = self.cfg.train.distill
+        return (1 - d) * ce + d * kl, ce, kl, hit
+
+    def teacher_scores(self, step: int) -> torch.Tensor:
+        """The teacher's candidate scores for step `step`: the init adapter's factors on the
+        full path (every item chunk computed in the prompt), without a graph. Leaves the
+        teacher's weights installed: install the student's after."""
+        LoraPatch(self.model, self.teacher, self._base).install()
+        with torch.no_grad():
+            return self.pointwise_scores(self.stream.draw(step), reuse=False)
 
     def listwise_scores(self, draw) -> torch.Tensor:
         """The candidate labels' logits [C] at the last position of the listwise prompt."""
@@ -144,14 +170,15 @@ class Trainer:
         ids = torch.tensor(prompt.token_ids, device=self.model.device)
         return self.model.forward(ids)["logits"][list(prompt.label_token_ids)].float()
 
-    def pointwise_scores(self, draw) -> torch.Tensor:
+    def pointwise_scores(self, draw, reuse: bool | None = None) -> torch.Tensor:
         """Each candidate's yes/no log-odds [C] from the engine's pointwise prompt (user side,
         then one block per candidate seeing the user side and itself) through the engine's
         selective prefill with the graph kept. With `train.reuse` each item chunk's KV comes
         from a pass where it sees only its template context (instruction + block head) and
         itself — what the chunk store holds at inference — and the rest of the prompt is
         computed over that KV; with `train.reuse_tail` = k the last k tokens of each item
-        chunk are computed in the prompt instead (what `reuse.item_tail` recomputes)."""
+        chunk are computed in the prompt instead (what `reuse.item_tail` recomputes).
+        `reuse=False` scores the full path whatever the run's setting (the teacher's)."""
         ex, pw = draw.example, self.pointwise
         prompt = pw.prompt(RankRequest(ex.user_id, ex.history, draw.candidates))
         segments = prompt.slot_segments()
@@ -163,7 +190,7 @@ class Trainer:
                 items.append((at, at + len(seg.token_ids), seg.token_ids))
             at += len(seg.token_ids)
         reused = None
-        if self.cfg.train.reuse:
+        if self.cfg.train.reuse if reuse is None else reuse:
             ctx = list(pw.instruction_ids) + list(pw.context_ids("item"))
             chunk_ids = ctx + [t for _, _, c in items for t in c]
             ranges, s = [], len(ctx)
@@ -205,14 +232,17 @@ class Trainer:
 
     def _step(self, patch: LoraPatch, step: int) -> None:
         t = self.cfg.train
+        teacher = self.teacher_scores(step) if self.teacher is not None else None
         patch.install()
-        loss, hit = self.loss_at(step)
+        loss, ce, kl, hit = self.loss_at(step, teacher)
         loss.backward()
         clip_grad_norm(self.lora.factors, t.grad_clip)
         self.opt.step(lr_at(step, t.steps, t.lr, t.warmup_steps))
         self.opt.zero_grad()
         self.state.step = step + 1
-        self.state.losses.append(float(loss.detach()))
+        self.state.losses.append(float(ce.detach()))
+        if kl is not None:
+            self.state.kls.append(float(kl.detach()))
         self.state.hits.append(int(hit))
 
     # ---- checkpoints ----------------------------------------------------------------------
@@ -240,7 +270,8 @@ class Trainer:
             for k, p in self.lora.factors.items():
                 p.copy_(tensors[k])
         self.opt.load_state(tensors, int(meta["adam_t"]))
-        self.state = TrainState(meta["step"], meta["losses"], meta["hits"], meta["elapsed_s"])
+        self.state = TrainState(meta["step"], meta["losses"], meta.get("kls", []), meta["hits"],
+                                meta["elapsed_s"])
         return True
 
     # ---- the loop -------------------------------------------------------------------------
@@ -255,7 +286,7 @@ class Trainer:
         t = self.cfg.train
         if self.try_resume():
             log.info("resuming %s at step %d", self.folder, self.state.step)
-        patch = LoraPatch(self.model, self.lora)
+        patch = LoraPatch(self.model, self.lora, self._base)
         bar = tqdm(total=t.steps, initial=self.state.step, desc="finetune", unit="step",
                    disable=not progress)
         start, done = time.perf_counter(), 0
@@ -265,7 +296,11 @@ class Trainer:
                 done += 1
                 bar.update(1)
                 window = self.state.losses[-t.log_every:]
-                bar.set_postfix(loss=f"{sum(window) / len(window):.3f}")
+                post = {"loss": f"{sum(window) / len(window):.3f}"}
+                if self.state.kls:
+                    kls = self.state.kls[-t.log_every:]
+                    post["kl"] = f"{sum(kls) / len(kls):.3f}"
+                bar.set_postfix(post)
                 if self.state.step % t.checkpoint_every == 0 or (stop_after and done >= stop_after):
                     self.state.elapsed_s += time.perf_counter() - start
                     start = time.perf_counter()
@@ -284,9 +319,12 @@ class Trainer:
 
     def _finish(self) -> Path:
         t = self.cfg.train
-        curve = [[min(i + t.log_every, len(self.state.losses)),
-                  sum(self.state.losses[i:i + t.log_every]) / len(self.state.losses[i:i + t.log_every]),
-                  sum(self.state.hits[i:i + t.log_every]) / len(self.state.hits[i:i + t.log_every])]
+        def mean(xs, i):
+            return sum(xs[i:i + t.log_every]) / len(xs[i:i + t.log_every])
+
+        # [step, cross-entropy of the target, training top-1 (, KL to the teacher)]
+        curve = [[min(i + t.log_every, len(self.state.losses)), mean(self.state.losses, i),
+                  mean(self.state.hits, i)] + ([mean(self.state.kls, i)] if self.state.kls else [])
                  for i in range(0, len(self.state.losses), t.log_every)]
         manifest = {
             **self._identity(), "key": self.key, "scale": self.cfg.lora.scale,
