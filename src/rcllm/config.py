@@ -199,13 +199,7 @@ def load(cls: type, path: str | None = None, overrides: Sequence[str] = ()) -> A
     """Builds `cls` from defaults, then the YAML file at `path`, then `key=value` overrides."""
     tree = _as_dict(cls())
     if path:
-        if not os.path.exists(path):
-            raise RcllmError(f"config file not found: {path}")
-        with open(path, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
-        if not isinstance(loaded, dict):
-            raise RcllmError(f"config file {path} must hold a mapping at top level")
-        for key, value in _flatten(loaded):
+        for key, value in file_options(path):
             _set_dotted(tree, key, yaml.safe_dump(value))
     for item in overrides:
         if "=" not in item:
@@ -216,6 +210,17 @@ def load(cls: type, path: str | None = None, overrides: Sequence[str] = ()) -> A
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
+
+
+def file_options(path: str) -> list[tuple[str, Any]]:
+    """The (dotted key, value) pairs a YAML options file sets."""
+    if not os.path.exists(path):
+        raise RcllmError(f"config file not found: {path}")
+    with open(path, encoding="utf-8") as fh:
+        loaded = yaml.safe_load(fh) or {}
+    if not isinstance(loaded, dict):
+        raise RcllmError(f"config file {path} must hold a mapping at top level")
+    return list(_flatten(loaded))
 
 
 def _flatten(d: dict, prefix: str = ""):

@@ -114,8 +114,11 @@ def test_recipe_chains_its_stages_and_finds_them_again(tiny_model_dir, tmp_path,
     (["--set", "train.lr=1e-3"], "train.lr"),
     (["--set", "train.init=/x"], "not a finished adapter"),
     (["--fresh"], "--fresh"),
+    (["--config", "STEPS.yaml"], "sets train.steps"),
 ])
 def test_recipe_refuses_what_its_stages_set(tiny_model_dir, tmp_path, capsys, extra, message):
+    (tmp_path / "STEPS.yaml").write_text("train:\n  steps: 5\n")
+    extra = [str(tmp_path / e) if e.endswith(".yaml") else e for e in extra]
     rc = main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
                "--recipe", "item-tail", *extra])
     err = capsys.readouterr().err.strip().splitlines()

@@ -129,11 +129,19 @@ def _check_recipe(args) -> None:
     and a first-stage adapter that is not a finished one."""
     from ..finetune.trainer import finished
 
+    from ..config import file_options
+
     staged = {_key(item) for _, extra in RECIPES[args.recipe] for item in extra}
     clash = sorted(k for k in map(_key, args.overrides) if k in staged)
     if clash:
         raise RcllmError(f"--recipe {args.recipe} sets {', '.join(clash)} per stage; drop "
                          f"--set {clash[0]} (or train the stages one by one without --recipe)")
+    in_file = {k for k, _ in file_options(args.config)} if args.config else set()
+    clash = sorted(in_file & (staged | {"train.init"}))
+    if clash:  # a stage's --set would silently override the file's value
+        raise RcllmError(f"--config {args.config} sets {', '.join(clash)}, which --recipe "
+                         f"{args.recipe} sets per stage (train.init: give it as --set); "
+                         f"remove it from the file")
     if args.fresh:
         raise RcllmError("--fresh with --recipe would retrain every stage; give --fresh to "
                          "the one run to redo, without --recipe")
