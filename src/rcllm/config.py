@@ -18,6 +18,7 @@ import yaml
 from .errors import RcllmError
 
 METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
+USER_SIDES = ("reuse", "exact", "behind")  # reuse.user_side
 
 
 def opt(default: Any, help_text: str) -> Any:
@@ -63,6 +64,7 @@ class ReuseConfig:
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
     item_tail: int = opt(0, "reuse methods: the last k tokens of every reused item chunk are computed in the prompt (they see the user side), not taken from the store; an adapter trained with train.reuse_tail=k sets it")
     user_prefix: bool = opt(True, "pointwise scorer, reuse methods: take the user side from the user-prefix cache when this history was seen, and store it there after answering")
+    user_side: str = opt("reuse", "pointwise scorer, reuse methods: how the user side is built on a user-prefix miss and what the cache may serve. \"reuse\": from reused history chunks as the method says, stored as served; \"exact\": its history chunks are not reused (the miss computes the user side in the request), stored exact; \"behind\": the miss is served as with \"reuse\" and the exact user side is computed after the answer and stored. \"exact\" and \"behind\" serve only entries built exactly. A reuse-aware adapter (trained with the user side exact) sets \"behind\"")
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -81,6 +83,9 @@ class ReuseConfig:
             raise RcllmError("reuse.depth_decay must be >= 0")
         if self.window < 0 or self.epic_k < 0 or self.item_tail < 0:
             raise RcllmError("reuse.window, reuse.epic_k and reuse.item_tail must be >= 0")
+        if self.user_side not in USER_SIDES:
+            raise RcllmError(f"reuse.user_side must be one of {', '.join(USER_SIDES)}, "
+                             f"not {self.user_side!r}")
 
 
 @dataclass(frozen=True)
@@ -117,19 +122,23 @@ class UserPrefixConfig:
     max_ttl_s: float = opt(300.0, "upper bound of the adaptive TTL")
     int8: bool = opt(False, "store user sides as INT8 K/V with per-channel scales")
     spill_bytes: int = opt(0, "host spill tier for evicted user sides (0 = off)")
+    refresh_every: int = opt(50, "a user side is extended by appends at most this many times in a row, then computed anew (bounds INT8 error)")
 
     def validate(self) -> None:
         if self.max_bytes <= 0 or self.spill_bytes < 0:
             raise RcllmError("userprefix.max_bytes must be > 0 and userprefix.spill_bytes >= 0")
         if self.ttl_s < 0 or self.max_ttl_s <= 0:
             raise RcllmError("userprefix.ttl_s must be >= 0 and userprefix.max_ttl_s > 0")
+        if self.refresh_every < 1:
+            raise RcllmError("userprefix.refresh_every must be >= 1")
 
     def cache_config(self):
         from .userprefix.cache import PrefixCacheConfig
 
         return PrefixCacheConfig(max_bytes=self.max_bytes, ttl_s=self.ttl_s,
                                  max_ttl_s=self.max_ttl_s, int8=self.int8,
-                                 spill_bytes=self.spill_bytes)
+                                 spill_bytes=self.spill_bytes,
+                                 refresh_every=self.refresh_every)
 
 
 @dataclass(frozen=True)

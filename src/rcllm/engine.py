@@ -376,11 +376,14 @@ class Engine:
         cache.note_request(req.user_id)
         hhash = history_hash(kept)
         key = cache.key(req.user_id, hhash)
-        entry = cache.lookup(key)
+        exact = reuse.user_side != "reuse"  # only entries built exactly may serve
+        entry = cache.lookup(key, exact=exact)
         base = None
         if entry is None:  # an earlier, shorter history of this user: its user side is a prefix
-            base = cache.latest(req.user_id)
+            base = cache.latest(req.user_id, exact=exact)
+            # appends in a row are bounded (INT8 error accumulates): then a full compute
             if base is not None and not (base.entries < len(kept) and
+                                         base.appends < cache.cfg.refresh_every and
                                          history_hash(kept[:base.entries]) == base.history_hash):
                 base = None
         tokens = len(prompt) - len(self.pointwise.head_ids)  # the shared part less the head
@@ -424,6 +427,8 @@ class Engine:
         source = torch.zeros(n, dtype=torch.int8)
         source[:prefix_len] = SOURCES.index("user_prefix" if cached else "prefix")
         library = self.history_library if reuse.prototypes else None
+        # user_side "exact": the user side of a pointwise prompt reuses no chunk
+        fresh_upto = shared if prompt.blocks and reuse.user_side == "exact" else 0
         misses, copies = [], []
         start = 0
         for seg in segments:
@@ -431,7 +436,7 @@ class Engine:
             kind[start:end] = KINDS.index(seg.kind)
             if seg.is_chunk:
                 offset[start:end] = torch.arange(len(seg.token_ids))
-                if reuse.method in REUSE_METHODS and start >= prefix_len:
+                if reuse.method in REUSE_METHODS and start >= max(prefix_len, fresh_upto):
                     entry = self.store.get(self.chunk_key(seg.kind, seg.token_ids, reuse))
                     if entry is not None and entry.token_ids == seg.token_ids:
                         copies.append((start, end, entry))
@@ -563,11 +568,12 @@ class Engine:
         kept = tuple(history)[-window:] if window else ()
         side = self.pointwise.user_side(user_id, kept)
         key = self.user_prefixes.key(user_id, history_hash(kept))
-        if self.user_prefixes.lookup(key, count=False) is not None:
+        if self.user_prefixes.lookup(key, count=False, exact=True) is not None:
             return {"tokens": len(side.ids), "computed": False}
         kv = compute_prefix(self.model, side.ids)
         self.user_prefixes.put(CachedPrefix(key, user_id, side.history_hash, len(kept), 0,
-                                            StoredKV.of(kv, self.user_prefixes.cfg.int8)))
+                                            StoredKV.of(kv, self.user_prefixes.cfg.int8),
+                                            exact=True))
         return {"tokens": len(side.ids), "computed": True}
 
     def _after(self, reuse: ReuseConfig, prompt: Prompt, inp: PrefillInputs, misses,
@@ -591,12 +597,30 @@ class Engine:
             elif count_miss is not None:
                 count_miss(kind)
         if user is not None and user.entry is None:
-            from .userprefix.entry import CachedPrefix
-            from .userprefix.kv import PrefixKV, StoredKV
+            self._store_user_side(reuse, inp, user)
 
-            n = user.tokens
+    def _store_user_side(self, reuse: ReuseConfig, inp: PrefillInputs, user) -> None:
+        """A user-prefix miss: its user side into the cache. Stored as served, marked exact
+        when no reused KV went into it (its base, if any, exact too); under user_side "behind"
+        an approximate one is replaced by the exact user side computed here, after the answer:
+        an append to an exact base, else one causal forward."""
+        from .userprefix.append import append_prefix
+        from .userprefix.entry import CachedPrefix
+        from .userprefix.kv import PrefixKV, StoredKV
+        from .userprefix.scoring import compute_prefix
+
+        n, base, cache = user.tokens, user.base, self.user_prefixes
+        served_exact = (bool((inp.exact_kv[:n] | ~inp.have_kv[:n]).all())
+                        and (base is None or base.exact))
+        appends = base.appends + 1 if base is not None else 0
+        if served_exact or reuse.user_side != "behind":
             kv = PrefixKV(inp.k_buf[:, :, :n].clone(), inp.v_buf[:, :, :n].clone())
-            appends = user.base.appends + 1 if user.base is not None else 0
-            self.user_prefixes.put(CachedPrefix(user.key, user.user_id, user.history_hash,
-                                                user.entries, appends,
-                                                StoredKV.of(kv, self.user_prefixes.cfg.int8)))
+        elif base is not None and base.exact:
+            past = base.stored.load(self.model.dtype, self.model.device)
+            kv = append_prefix(self.model, past, inp.ids[past.tokens:n].tolist())
+        else:
+            kv = compute_prefix(self.model, inp.ids[:n].tolist())
+            appends = 0
+        cache.put(CachedPrefix(user.key, user.user_id, user.history_hash, user.entries, appends,
+                               StoredKV.of(kv, cache.cfg.int8),
+                               exact=served_exact or reuse.user_side == "behind"))

@@ -69,12 +69,12 @@ def test_eval_adopts_the_adapter_prompt(adapter):
     got, fractions, seed = eval_settings(RcllmConfig(), folder)
     assert got.prompt == cfg.prompt and got.model.adapter == str(folder)
     assert fractions == (0.8, 0.1, 0.1) and seed == 0
-    assert got.reuse.item_tail == 0
+    assert got.reuse.item_tail == 0 and got.reuse.user_side == "reuse"
 
 
 def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path):
-    """An adapter trained with train.reuse_tail = k is served with reuse.item_tail = k and
-    naive reuse (commands.engine_setup.adopt_adapter)."""
+    """An adapter trained with train.reuse_tail = k is served with reuse.item_tail = k, naive
+    reuse and its user side cached exactly (commands.engine_setup.adopt_adapter)."""
     from rcllm.commands.engine_setup import adopt_adapter
 
     cfg = tiny_ft_config(steps=2, reuse=True, reuse_tail=2)
@@ -84,6 +84,11 @@ def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path
     assert eval_settings(RcllmConfig(), folder)[0].reuse.item_tail == 2
     adopted = adopt_adapter(RcllmConfig(), str(folder), None)
     assert (adopted.cfg.reuse.item_tail, adopted.cfg.reuse.method) == (2, "naive")
+    # trained with the user side exact: the user-prefix cache serves it exactly
+    assert adopted.cfg.reuse.user_side == "behind"
+    chosen = dataclasses.replace(RcllmConfig(), reuse=dataclasses.replace(
+        RcllmConfig().reuse, user_side="exact"))
+    assert eval_settings(chosen, folder)[0].reuse.user_side == "exact"
     other = dataclasses.replace(RcllmConfig(), prompt=dataclasses.replace(
         RcllmConfig().prompt, history_window=3))
     with pytest.raises(RcllmError, match="prompt settings"):

@@ -1,6 +1,8 @@
 """The engine's pointwise scorer: user side + one block per candidate through the selective
 prefill, item chunks reused inside the blocks, the user side from the user-prefix cache."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -182,3 +184,130 @@ def test_flops_count_the_two_head_rows_the_scorer_reads(tiny_loaded, workload):
     eng.strategy.head_rows = None  # what the accounting charged before: the vocabulary
     wide = eng.rank(_req(case), "full").stats
     assert wide["full_flops"] - st["full_flops"] == pytest.approx(whole - two, rel=1e-6)
+
+
+def _entry(eng, case):
+    return eng.user_prefixes.latest(case.user_id)
+
+
+def _stored_engine(loaded, ds, case, history=None):
+    """A pointwise engine whose store holds the case's history (or `history`) and item KV."""
+    eng = _engine(loaded, ds)
+    eng.build_history(history or case.history)
+    eng.build_items(case.candidates)
+    return eng
+
+
+def _exact_side(eng, case, history=None):
+    from rcllm.userprefix.scoring import compute_prefix
+
+    side = eng.pointwise.user_side(case.user_id, history or case.history)
+    return compute_prefix(eng.model, side.ids)
+
+
+def test_user_side_reuse_stores_what_it_served_and_marks_it_approximate(tiny_loaded, workload):
+    ds, cases = workload
+    case = cases[0]
+    eng = _stored_engine(tiny_loaded, ds, case)
+    miss = eng.rank(_req(case), "naive", keep_tensors=True)
+    assert miss.stats["user_prefix"] == "miss" and miss.stats["reused_tokens"]["history"] > 0
+    entry = _entry(eng, case)
+    assert entry is not None and not entry.exact
+    hit = eng.rank(_req(case), "naive", keep_tensors=True)
+    assert hit.stats["user_prefix"] == "hit"
+    assert (hit.logits - miss.logits).abs().max().item() < 1e-4  # served as stored
+
+
+def test_user_side_behind_serves_the_miss_fast_and_caches_it_exactly(tiny_loaded, workload):
+    """user_side "behind": the miss is answered from reused history chunks (as "reuse"), the
+    exact user side is stored after the answer, and the next request gets it; an approximate
+    entry already in the cache is not served but replaced."""
+    ds, cases = workload
+    case = cases[0]
+    eng = _stored_engine(tiny_loaded, ds, case)
+    reused = eng.rank(_req(case), "naive", keep_tensors=True)        # stores an approximate one
+    assert not _entry(eng, case).exact
+    miss = eng.rank(_req(case), "naive", keep_tensors=True, user_side="behind")
+    assert miss.stats["user_prefix"] == "miss"                        # approximate: not served
+    assert (miss.logits - reused.logits).abs().max().item() < 1e-4   # the miss path as "reuse"
+    entry = _entry(eng, case)
+    assert entry.exact and entry.appends == 0
+    want = _exact_side(eng, case)
+    got = entry.stored.load(eng.model.dtype, "cpu")
+    assert (got.k - want.k).abs().max().item() < 1e-4
+    assert (got.v - want.v).abs().max().item() < 1e-4
+    hit = eng.rank(_req(case), "naive", keep_tensors=True, user_side="behind")
+    assert hit.stats["user_prefix"] == "hit"
+    assert hit.stats["reused_tokens"]["history"] == 0
+    # the hit is the trained path: exact user side, reused item chunks
+    exact = eng.rank(_req(case), "naive", keep_tensors=True, user_side="exact",
+                     user_prefix=False)
+    assert exact.stats["reused_tokens"]["history"] == 0
+    assert exact.stats["reused_tokens"]["item"] > 0
+    assert (hit.logits - exact.logits).abs().max().item() < 1e-3
+    assert (hit.logits - miss.logits).abs().max().item() > 1e-3      # and not the miss path
+
+
+def test_user_side_behind_appends_exactly_to_an_exact_entry(tiny_loaded, workload):
+    ds, cases = workload
+    case = cases[1]
+    longer_history = case.history + case.history[:1]
+    eng = _stored_engine(tiny_loaded, ds, case, longer_history)
+    eng.rank(_req(case), "naive", user_side="behind")
+    longer = RankRequest(case.user_id, longer_history, case.candidates)
+    res = eng.rank(longer, "naive", user_side="behind")
+    assert res.stats["user_prefix"] == "append"
+    entry = _entry(eng, case)
+    assert entry.exact and entry.appends == 1 and entry.entries == len(longer_history)
+    want = _exact_side(eng, case, longer_history)
+    got = entry.stored.load(eng.model.dtype, "cpu")
+    assert (got.k - want.k).abs().max().item() < 1e-4
+    # appends in a row are bounded by userprefix.refresh_every: then the user side is anew
+    longest = RankRequest(case.user_id, longer_history + case.history[1:2], case.candidates)
+    eng.build_history(longest.history)
+    eng.user_prefixes.cfg = dataclasses.replace(eng.user_prefixes.cfg, refresh_every=1)
+    assert eng.rank(longest, "naive", user_side="behind").stats["user_prefix"] == "miss"
+    assert _entry(eng, case).appends == 0 and _entry(eng, case).exact
+    # an approximate entry is no base for an exact user side: that request is a miss
+    eng.user_prefixes.invalidate_user(case.user_id)
+    eng.rank(_req(case), "naive")
+    assert eng.rank(longer, "naive", user_side="behind").stats["user_prefix"] == "miss"
+    # "reuse" takes any base
+    eng.user_prefixes.invalidate_user(case.user_id)
+    eng.rank(_req(case), "naive")
+    assert eng.rank(longer, "naive").stats["user_prefix"] == "append"
+
+
+def test_user_side_exact_computes_the_user_side_in_the_request(tiny_loaded, workload):
+    ds, cases = workload
+    case = cases[2]
+    eng = _stored_engine(tiny_loaded, ds, case)
+    full = eng.rank(_req(case), "full", keep_tensors=True)
+    res = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=0.0,
+                   user_side="exact")
+    assert res.stats["user_prefix"] == "miss"
+    assert res.stats["reused_tokens"]["history"] == 0 and res.stats["chunk_misses"] == 0
+    assert (full.logits - res.logits).abs().max().item() < 1e-3
+    assert _entry(eng, case).exact
+    hit = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=0.0,
+                   user_side="exact")
+    assert hit.stats["user_prefix"] == "hit"
+    assert (full.logits - hit.logits).abs().max().item() < 1e-3
+
+
+def test_prewarm_replaces_an_approximate_user_side(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[0]
+    eng.build_history(case.history)
+    eng.rank(_req(case), "naive")
+    assert not _entry(eng, case).exact
+    assert eng.prewarm(case.user_id, case.history)["computed"]
+    assert _entry(eng, case).exact
+
+
+def test_bad_user_side_is_refused(tiny_loaded, workload):
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    with pytest.raises(RcllmError, match="user_side"):
+        eng.rank(_req(cases[0]), "naive", user_side="sometimes")

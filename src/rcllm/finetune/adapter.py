@@ -120,7 +120,8 @@ def apply_adapter(state: dict[str, torch.Tensor], path: str | Path, base_fingerp
 def eval_settings(cfg, path: str | Path):
     """The engine config to evaluate the adapter at `path` with, and its (fractions, seed) user
     split: model.adapter is set and the prompt settings it was trained with are adopted, and
-    the item tail it was trained to compute (`train.reuse_tail` → `reuse.item_tail`).
+    the item tail it was trained to compute (`train.reuse_tail` → `reuse.item_tail`); a
+    reuse-aware adapter's user side is cached exactly (`reuse.user_side=behind`).
 
     `cfg` is an RcllmConfig; a prompt that was changed from the defaults and differs from the
     adapter's is refused (the ranker would be scored on prompts it never saw).
@@ -139,6 +140,10 @@ def eval_settings(cfg, path: str | Path):
     tail = int(manifest.get("train", {}).get("reuse_tail", 0))
     if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
         cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
+    if manifest.get("train", {}).get("reuse", False) and cfg.reuse.user_side == "reuse":
+        # trained with the user side exact: the user-prefix cache serves it exactly (built
+        # behind the answer of a miss, which itself is served from reused history chunks)
+        cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, user_side="behind"))
     split = manifest["split"]
     return cfg, tuple(split["fractions"]), int(split["seed"])
 

@@ -102,11 +102,16 @@ class UserPrefixCache:
         return max(self.cfg.min_ttl_s, min(3.0 * gap.total_s / gap.count, self.cfg.max_ttl_s))
 
     # ---- lookups ------------------------------------------------------------------------
-    def lookup(self, key: PrefixKey, count: bool = True) -> CachedPrefix | None:
+    def lookup(self, key: PrefixKey, count: bool = True,
+               exact: bool = False) -> CachedPrefix | None:
         """The live entry for `key` or None. Checks the device tier, then the spill tier (a
         spill hit moves the entry back). `count`: whether it enters the hit rate (a prewarm's
-        lookup does not: it exists to make the later ranking lookup hit)."""
+        lookup does not: it exists to make the later ranking lookup hit). `exact`: only an
+        entry built exactly is served; an approximate one is a miss (left for the exact entry
+        that replaces it to drop)."""
         entry = self._peek(key)
+        if exact and entry is not None and not entry.exact:
+            entry = None
         if not count:
             return entry
         with self._lock:
@@ -137,9 +142,13 @@ class UserPrefixCache:
                 return entry
         return None
 
-    def latest(self, user_id: UserId) -> CachedPrefix | None:
+    def latest(self, user_id: UserId, exact: bool = False) -> CachedPrefix | None:
         """The user's live entry whatever its history (the base of an append), or None.
-        Not counted in the hit rate."""
+        Not counted in the hit rate. `exact`: only an entry built exactly."""
+        entry = self._latest(user_id)
+        return None if exact and entry is not None and not entry.exact else entry
+
+    def _latest(self, user_id: UserId) -> CachedPrefix | None:
         with self._lock:
             key = self._by_user.get(user_id)
         if key is not None:

@@ -25,3 +25,7 @@ class CachedPrefix:
     entries: int      # history entries the prefix covers (an append extends from here)
     appends: int      # incremental appends since the last full compute
     stored: StoredKV
+    # built exactly (a causal forward of the user side, or an exact append to an exact entry);
+    # False when reused history chunks went into it. reuse.user_side "exact"/"behind" serve
+    # only exact entries
+    exact: bool = False

@@ -78,7 +78,7 @@ class UserPrefixRanker:
             self.full_computes += 1
         return CachedPrefix(self.cache.key(side.user_id, side.history_hash), side.user_id,
                             side.history_hash, side.entries, appends,
-                            StoredKV.of(kv, self.cache.cfg.int8))
+                            StoredKV.of(kv, self.cache.cfg.int8), exact=True)
 
     def score(self, user_id: UserId, history: Sequence[HistoryEntry],
               candidates: Sequence[ItemId]) -> Scored:
