@@ -62,6 +62,7 @@ class ReuseConfig:
     store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
     prototypes: bool = opt(True, "fill review chunks missing from the exact cache from the history prototype library (when history.library is set)")
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
+    budget_scope: str = opt("prompt", "rcllm: what a kind's recompute budget is spread over: \"prompt\" (the best-scored reused tokens of the whole prompt) or \"block\" (each pointwise candidate block recomputes the same share of its own item tokens, so no candidate's score is recomputed more than another's)")
     item_tail: int = opt(0, "reuse methods: the last k tokens of every reused item chunk are computed in the prompt (they see the user side), not taken from the store; an adapter trained with train.reuse_tail=k sets it")
     user_prefix: bool = opt(True, "pointwise scorer, reuse methods: take the user side from the user-prefix cache when this history was seen, and store it there after answering")
     user_side: str = opt("reuse", "pointwise scorer, reuse methods: how the user side is built on a user-prefix miss and what the cache may serve. \"reuse\": from reused history chunks as the method says, stored as served; \"exact\": its history chunks are not reused (the miss computes the user side in the request), stored exact; \"behind\": the miss is served as with \"reuse\" and the exact user side is computed after the answer and stored. \"exact\" and \"behind\" serve only entries built exactly. A reuse-aware adapter (trained with the user side exact) sets \"behind\"")
@@ -83,6 +84,9 @@ class ReuseConfig:
             raise RcllmError("reuse.depth_decay must be >= 0")
         if self.window < 0 or self.epic_k < 0 or self.item_tail < 0:
             raise RcllmError("reuse.window, reuse.epic_k and reuse.item_tail must be >= 0")
+        if self.budget_scope not in ("prompt", "block"):
+            raise RcllmError(f"reuse.budget_scope must be 'prompt' or 'block', "
+                             f"not {self.budget_scope!r}")
         if self.user_side not in USER_SIDES:
             raise RcllmError(f"reuse.user_side must be one of {', '.join(USER_SIDES)}, "
                              f"not {self.user_side!r}")

@@ -311,3 +311,34 @@ def test_bad_user_side_is_refused(tiny_loaded, workload):
     eng = _engine(tiny_loaded, ds)
     with pytest.raises(RcllmError, match="user_side"):
         eng.rank(_req(cases[0]), "naive", user_side="sometimes")
+
+
+def test_block_budget_recomputes_every_candidate_alike(tiny_loaded, workload):
+    """reuse.budget_scope "block": each candidate block recomputes round(ratio × its reused
+    item tokens) at layer 1, where "prompt" spreads one budget over all of them; at 1.0 both
+    equal full."""
+    ds, cases = workload
+    case = cases[0]
+    eng = _stored_engine(tiny_loaded, ds, case)
+
+    def per_block(res):
+        out = {}
+        for t in res.explain["tokens"]:
+            if t["kind"] == "item" and t["source"] == "chunk":
+                n, r = out.get(t["block"], (0, 0))
+                out[t["block"]] = (n + 1, r + t["recomputed"])
+        return out
+
+    opts = dict(item_ratio=0.3, history_ratio=0.0, user_prefix=False, explain=True)
+    block = per_block(eng.rank(_req(case), "rcllm", budget_scope="block", **opts))
+    assert len(block) == len(case.candidates)
+    assert all(r == round(0.3 * n) for n, r in block.values())
+    pooled = per_block(eng.rank(_req(case), "rcllm", budget_scope="prompt", **opts))
+    total = sum(n for n, _ in pooled.values())
+    assert sum(r for _, r in pooled.values()) == round(0.3 * total)
+    full = eng.rank(_req(case), "full", keep_tensors=True)
+    exact = eng.rank(_req(case), "rcllm", keep_tensors=True, item_ratio=1.0, history_ratio=1.0,
+                     budget_scope="block", user_prefix=False)
+    assert (full.logits - exact.logits).abs().max().item() < 1e-3
+    with pytest.raises(RcllmError, match="budget_scope"):
+        eng.rank(_req(case), "rcllm", budget_scope="candidate")

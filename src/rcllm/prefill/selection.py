@@ -8,10 +8,11 @@ dynamic bits, the question, chunk misses) are always computed and are not part o
   tokens; naive reuses every cached chunk as is).
 - epic: the first `epic_k` tokens of every chunk (static, no probe).
 - cacheblend: one ratio (`item_ratio`) over all reused tokens pooled, by layer-1 deviation.
-- rcllm: per kind its own ratio; inside the budget first the first `window` tokens of each
-  chunk (a reused chunk's first tokens were built as attention sinks), then the rest by a
-  score combining layer-1 deviation and layer-0 attention mass (each normalised by its mean
-  over the tokens it ranks). When the budget fits inside the windows only window tokens are
+- rcllm: per kind its own ratio (spread over the whole prompt, or with `budget_scope`
+  "block" over each candidate block alike); inside the budget first the first `window`
+  tokens of each chunk (a reused chunk's first tokens were built as attention sinks), then
+  the rest by a score combining layer-1 deviation and layer-0 attention mass (each
+  normalised by its mean over the tokens it ranks). When the budget fits inside the windows only window tokens are
   ranked, so only they need the probe (`probe_set`). With `depth_decay` the budget shrinks
   with depth (`layer_set`): between layers the recomputed tokens the probe scored lowest
   stop being recomputed (a token's score decides how deep it is recomputed), and their
@@ -109,19 +110,32 @@ class RcllmPolicy(SelectionPolicy):
         return (self.cfg.attention_layer,)
 
     def _groups(self, inp):
-        """Per kind with a budget: (kind, group [N] bool, its layer-1 budget, ratio, window
-        [N] bool)."""
+        """Per kind with a budget: (kind, group [N] bool, ratio, its units). A unit is what
+        one budget is spread over: the whole group, or with `budget_scope` "block" each
+        candidate block's part of it (and the shared part's) — so every candidate's score is
+        recomputed to the same degree. Each unit is (unit [N] bool, its layer-1 budget,
+        window [N] bool)."""
         reused = inp.have_kv & ~inp.exact_kv
         for kind, ratio in ((HISTORY, self.cfg.history_ratio), (ITEM, self.cfg.item_ratio)):
             group = reused & (inp.kind == kind)
-            budget = _budget(ratio, int(group.sum()))
-            if budget:
-                yield kind, group, budget, ratio, group & (inp.offset < self.cfg.window)
+            if not bool(group.any()):
+                continue
+            if self.cfg.budget_scope == "block" and inp.layout.blocks:
+                block = inp.layout.block
+                parts = [group & (block == b) for b in torch.unique(block[group]).tolist()]
+            else:
+                parts = [group]
+            units = [(u, _budget(ratio, int(u.sum())), u & (inp.offset < self.cfg.window))
+                     for u in parts]
+            if any(budget for _, budget, _ in units):
+                yield kind, group, ratio, units
 
     def probe_set(self, inp) -> torch.Tensor:
         out = torch.zeros_like(inp.have_kv)
-        for _, group, budget, _, window in self._groups(inp):
-            out |= window if budget <= int(window.sum()) else group
+        for _, _, _, units in self._groups(inp):
+            for unit, budget, window in units:
+                if budget:
+                    out |= window if budget <= int(window.sum()) else unit
         return out
 
     def _score(self, inp, probe: Probe, group: torch.Tensor) -> torch.Tensor:
@@ -135,13 +149,14 @@ class RcllmPolicy(SelectionPolicy):
 
     def select(self, inp, probe: Probe) -> torch.Tensor:
         chosen = torch.zeros_like(inp.have_kv)
-        for _, group, budget, _, window in self._groups(inp):
+        for _, group, _, units in self._groups(inp):
             score = self._score(inp, probe, group)
-            n_window = int(window.sum())
-            if budget <= n_window:
-                chosen |= _top(window, score, budget)
-            else:
-                chosen |= window | _top(group & ~window, score, budget - n_window)
+            for unit, budget, window in units:
+                n_window = int(window.sum())
+                if budget <= n_window:
+                    chosen |= _top(window, score, budget)
+                else:
+                    chosen |= window | _top(unit & ~window, score, budget - n_window)
         return chosen
 
     def layer_ratio(self, ratio: float, depth: float) -> float:
@@ -153,12 +168,14 @@ class RcllmPolicy(SelectionPolicy):
         if self.cfg.depth_decay == 0:
             return None
         keep = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
-        kind, reused = inp.kind[idx], (inp.have_kv & ~inp.exact_kv)[idx]
-        for code, group, _, ratio, _ in self._groups(inp):
-            now = reused & (kind == code)
-            budget = _budget(self.layer_ratio(ratio, depth), int(group.sum()))
-            if budget < int(now.sum()):  # the probe's order: the best-scored stay longest
-                keep &= ~now | _top(now, self._score(inp, probe, group)[idx], budget)
+        reused = (inp.have_kv & ~inp.exact_kv)[idx]
+        for _, group, ratio, units in self._groups(inp):
+            score = self._score(inp, probe, group)[idx]
+            for unit, _, _ in units:
+                now = reused & unit[idx]
+                budget = _budget(self.layer_ratio(ratio, depth), int(unit.sum()))
+                if budget < int(now.sum()):  # the probe's order: the best-scored stay longest
+                    keep &= ~now | _top(now, score, budget)
         return keep
 
 
