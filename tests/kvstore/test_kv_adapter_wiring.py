@@ -30,6 +30,7 @@ def test_serve_spec_adopts_the_adapters_scorer_and_method(tiny_model_dir, tuned)
     cfg, scorer = EngineSpec(overrides=sets, adapter=str(tuned)).engine_config()
     assert cfg.model.adapter == str(tuned) and scorer == "pointwise"
     assert cfg.reuse.method == "naive"            # a reuse-aware adapter's method
+    assert cfg.reuse.user_side == "behind"        # and its user side cached exactly
     # explicit choices win
     cfg, scorer = EngineSpec(overrides=sets + ("reuse.method=rcllm",), adapter=str(tuned),
                              scorer="verbalizer").engine_config()
@@ -38,6 +39,7 @@ def test_serve_spec_adopts_the_adapters_scorer_and_method(tiny_model_dir, tuned)
     assert plain_cfg.model.adapter == "" and plain_scorer == "verbalizer"
     engine, _ = EngineSpec(overrides=sets, adapter=str(tuned)).build()
     assert engine.scorer == "pointwise" and engine.cfg.reuse.method == "naive"
+    assert engine.cfg.reuse.user_side == "behind"
     with pytest.raises(RcllmError, match="adapter not found"):
         EngineSpec(overrides=sets, adapter=str(tuned / "missing")).engine_config()
 
