@@ -602,8 +602,9 @@ class Engine:
     def _store_user_side(self, reuse: ReuseConfig, inp: PrefillInputs, user) -> None:
         """A user-prefix miss: its user side into the cache. Stored as served, marked exact
         when no reused KV went into it (its base, if any, exact too); under user_side "behind"
-        an approximate one is replaced by the exact user side computed here, after the answer:
-        an append to an exact base, else one causal forward."""
+        an approximate one is replaced by the exact user side computed after the answer (an
+        append to an exact base, else one causal forward), on the store's builder thread when
+        it has one and misses are built (`reuse.cache_misses`)."""
         from .userprefix.append import append_prefix
         from .userprefix.entry import CachedPrefix
         from .userprefix.kv import PrefixKV, StoredKV
@@ -615,12 +616,24 @@ class Engine:
         appends = base.appends + 1 if base is not None else 0
         if served_exact or reuse.user_side != "behind":
             kv = PrefixKV(inp.k_buf[:, :, :n].clone(), inp.v_buf[:, :, :n].clone())
-        elif base is not None and base.exact:
-            past = base.stored.load(self.model.dtype, self.model.device)
-            kv = append_prefix(self.model, past, inp.ids[past.tokens:n].tolist())
+            cache.put(CachedPrefix(user.key, user.user_id, user.history_hash, user.entries,
+                                   appends, StoredKV.of(kv, cache.cfg.int8), exact=served_exact))
+            return
+        ids = inp.ids[:n].tolist()
+
+        def build() -> None:
+            if base is not None and base.exact:
+                past = base.stored.load(self.model.dtype, self.model.device)
+                kv, count = append_prefix(self.model, past, ids[past.tokens:]), appends
+            else:
+                kv, count = compute_prefix(self.model, ids), 0
+            cache.put(CachedPrefix(user.key, user.user_id, user.history_hash, user.entries,
+                                   count, StoredKV.of(kv, cache.cfg.int8), exact=True))
+
+        # on the store's builder thread when misses are built behind the answer (serve), so
+        # the worker takes its next request at once; else here, off the clock (bench, eval)
+        behind = getattr(self.store, "run_behind", None)
+        if reuse.cache_misses and behind is not None:
+            behind(f"user-side:{user.key}", build)
         else:
-            kv = compute_prefix(self.model, inp.ids[:n].tolist())
-            appends = 0
-        cache.put(CachedPrefix(user.key, user.user_id, user.history_hash, user.entries, appends,
-                               StoredKV.of(kv, cache.cfg.int8),
-                               exact=served_exact or reuse.user_side == "behind"))
+            build()

@@ -147,3 +147,60 @@ def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
     assert st["kind_hits:history"] == again.stats["chunk_hits"] - len(case.candidates)
     engine.store.check_invariants()
     close_store(engine.store)
+
+
+def test_run_behind_runs_other_work_once_per_key():
+    store = StoreFront(MemoryLRUStore(1 << 20))
+    gate, done = threading.Event(), []
+
+    def job():
+        gate.wait(5)
+        done.append(1)
+
+    assert store.run_behind("user-side:u1", job)
+    assert not store.run_behind("user-side:u1", job)           # queued or running: shared
+    assert not done
+    gate.set()
+    store.flush()
+    assert done == [1] and len(store) == 0                     # it stores nothing itself
+    st = store.stats()
+    assert st["build_queued"] == 1 and st["build_shared"] == 1 and st["build_built"] == 1
+    store.run_behind("user-side:u2", lambda: 1 / 0)
+    store.flush()
+    assert store.stats()["build_errors"] == 1
+    store.close()
+
+
+def test_the_exact_user_side_is_built_behind_the_answer(tiny_model_dir):
+    """reuse.user_side=behind on a store front: the miss is answered before the exact user
+    side is computed (on the builder thread), and the next request hits it."""
+    from rcllm.commands.common import DEFAULT_SYNTHETIC
+    from rcllm.commands.engine_setup import make_stored_engine
+    from rcllm.config import ModelConfig, RcllmConfig
+    from rcllm.eval.datasets import load_dataset
+    from rcllm.eval.protocol import build_cases
+    from rcllm.prompt.builder import RankRequest
+    from rcllm.userprefix import scoring
+
+    ds = load_dataset("", "synthetic", **DEFAULT_SYNTHETIC)
+    cfg = dataclasses.replace(RcllmConfig(), model=ModelConfig(path=str(tiny_model_dir),
+                                                               threads=0))
+    engine = make_stored_engine(cfg, dict(ds.items), scorer="pointwise")
+    case = build_cases(ds, history_window=10, num_negatives=4, seed=0, max_cases=1)[0]
+    req = RankRequest(case.user_id, case.history, case.candidates)
+    engine.build_history(case.history)
+    engine.build_items(case.candidates)
+    gate, compute = threading.Event(), scoring.compute_prefix
+    scoring.compute_prefix = lambda *a: (gate.wait(10), compute(*a))[1]
+    try:
+        miss = engine.rank(req, "naive", user_side="behind")    # answers; the build waits
+        assert miss.stats["user_prefix"] == "miss"
+        assert engine.user_prefixes.latest(case.user_id) is None
+        assert engine.store.stats()["build_queue"] == 1
+        gate.set()
+        engine.store.flush()
+    finally:
+        scoring.compute_prefix = compute
+    assert engine.user_prefixes.latest(case.user_id).exact
+    assert engine.rank(req, "naive", user_side="behind").stats["user_prefix"] == "hit"
+    close_store(engine.store)

@@ -16,6 +16,10 @@ per chunk kind.
   them (`build_behind` / `count_miss`: a miss has no token ids, so its kind comes from the
   caller). `get` latency is the whole lookup's (every tier it went through).
 
+- `run_behind(key, job)`: any other work after an answer, on the same thread and queue (the
+  engine's exact user side, `reuse.user_side=behind`, which `job` stores in the user-prefix
+  cache itself).
+
 `flush()` waits for every queued build (the one-shot commands call it through `close()` before
 exiting, so the next `rank` finds what this one built). Thread-safe. A compute function runs on
 the builder thread concurrently with the caller's next request: it must not share mutable state
@@ -46,7 +50,7 @@ class StoreFront:
         self.latency = TierLatency()
         self._flight: SingleFlight[bool] = SingleFlight()
         self._jobs: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._building: set[ChunkKey] = set()     # queued or running build_behind keys
+        self._building: set[str] = set()     # queued or running build_behind/run_behind keys
         self._lock = threading.Lock()
         self.kind_hits: dict[str, int] = {}
         self.kind_misses: dict[str, int] = {}
@@ -94,13 +98,22 @@ class StoreFront:
         """Counts the miss and queues `compute()` → put(key) on the builder thread, unless
         `key` is already queued or being built. Never blocks; True when queued."""
         self.count_miss(kind)
+        return self._enqueue(key, lambda: self.build_now(key, compute))
+
+    def run_behind(self, key: str, job: Callable[[], None]) -> bool:
+        """Queues other work after an answer on the builder thread — `job()` stores its result
+        itself (the engine's exact user side goes to the user-prefix cache) — unless `key` is
+        already queued or running; counted and bounded like a build. True when queued."""
+        return self._enqueue(key, lambda: job() or True)
+
+    def _enqueue(self, key: str, run: Callable[[], bool]) -> bool:
         with self._lock:
             if self._closed or key in self._building:
                 self.builds["shared"] += not self._closed
                 return False
             self._building.add(key)
         try:
-            self._jobs.put_nowait((key, compute))
+            self._jobs.put_nowait((key, run))
         except queue.Full:
             with self._lock:
                 self._building.discard(key)
@@ -123,13 +136,13 @@ class StoreFront:
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not _STOP:
-            key, compute = job
+            key, run = job
             try:
-                built = self.build_now(key, compute)
+                built = run()
                 with self._lock:
                     self.builds["built"] += built
             except Exception:  # a failing build must not stop the builder
-                log.exception("building chunk %s behind the request failed", key)
+                log.exception("building %s behind the request failed", key)
                 with self._lock:
                     self.builds["errors"] += 1
             finally:
