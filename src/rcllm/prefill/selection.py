@@ -12,11 +12,11 @@ dynamic bits, the question, chunk misses) are always computed and are not part o
   "block" over each candidate block alike); inside the budget first the first `window`
   tokens of each chunk (a reused chunk's first tokens were built as attention sinks), then
   the rest by a score combining layer-1 deviation and layer-0 attention mass (each
-  normalised by its mean over the tokens it ranks). When the budget fits inside the windows only window tokens are
-  ranked, so only they need the probe (`probe_set`). With `depth_decay` the budget shrinks
-  with depth (`layer_set`): between layers the recomputed tokens the probe scored lowest
-  stop being recomputed (a token's score decides how deep it is recomputed), and their
-  reused KV stands in the layers above.
+  normalised by its mean over the tokens it ranks). When the budget fits inside the windows
+  only window tokens are ranked, so only they need the probe (`probe_set`). With
+  `depth_decay` the budget shrinks with depth (`layer_set`): between layers the recomputed
+  tokens the probe scored lowest stop being recomputed (a token's score decides how deep it
+  is recomputed), and their reused KV stands in the layers above.
 """
 
 from __future__ import annotations
