@@ -621,8 +621,8 @@ class Engine:
             return
         ids = inp.ids[:n].tolist()
 
-        def build() -> None:
-            if base is not None and base.exact:
+        def build() -> None:  # under "behind" a base is exact (_user_prefix asks for one)
+            if base is not None:
                 past = base.stored.load(self.model.dtype, self.model.device)
                 kv, count = append_prefix(self.model, past, ids[past.tokens:]), appends
             else:

@@ -297,9 +297,8 @@ def test_user_side_exact_computes_the_user_side_in_the_request(tiny_loaded, work
 
 def test_prewarm_replaces_an_approximate_user_side(tiny_loaded, workload):
     ds, cases = workload
-    eng = _engine(tiny_loaded, ds)
     case = cases[0]
-    eng.build_history(case.history)
+    eng = _stored_engine(tiny_loaded, ds, case)
     eng.rank(_req(case), "naive")
     assert not _entry(eng, case).exact
     assert eng.prewarm(case.user_id, case.history)["computed"]

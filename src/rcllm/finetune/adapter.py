@@ -137,10 +137,11 @@ def eval_settings(cfg, path: str | Path):
                          f"drop the prompt.* overrides (they are adopted) or match them")
     cfg = dataclasses.replace(cfg, prompt=trained,
                               model=dataclasses.replace(cfg.model, adapter=str(path)))
-    tail = int(manifest.get("train", {}).get("reuse_tail", 0))
+    train = manifest.get("train", {})
+    tail = int(train.get("reuse_tail", 0))
     if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
         cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
-    if manifest.get("train", {}).get("reuse", False) and cfg.reuse.user_side == "reuse":
+    if train.get("reuse", False) and cfg.reuse.user_side == "reuse":
         # trained with the user side exact: the user-prefix cache serves it exactly (built
         # behind the answer of a miss, which itself is served from reused history chunks)
         cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, user_side="behind"))

@@ -170,11 +170,13 @@ class RcllmPolicy(SelectionPolicy):
         keep = torch.ones(len(idx), dtype=torch.bool, device=idx.device)
         reused = (inp.have_kv & ~inp.exact_kv)[idx]
         for _, group, ratio, units in self._groups(inp):
-            score = self._score(inp, probe, group)[idx]
+            score = None  # computed when a unit first has to drop tokens at this depth
             for unit, _, _ in units:
                 now = reused & unit[idx]
                 budget = _budget(self.layer_ratio(ratio, depth), int(unit.sum()))
                 if budget < int(now.sum()):  # the probe's order: the best-scored stay longest
+                    if score is None:
+                        score = self._score(inp, probe, group)[idx]
                     keep &= ~now | _top(now, score, budget)
         return keep
 

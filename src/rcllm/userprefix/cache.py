@@ -52,6 +52,11 @@ class PrefixCacheConfig:
             raise RcllmError("userprefix cache: refresh_every and hit_rate_window must be >= 1")
 
 
+def _servable(entry: CachedPrefix | None, exact: bool) -> CachedPrefix | None:
+    """`entry`, or None when only an exactly built entry may serve and it is not one."""
+    return None if exact and entry is not None and not entry.exact else entry
+
+
 @dataclass
 class _Gap:
     last_s: float
@@ -109,9 +114,7 @@ class UserPrefixCache:
         lookup does not: it exists to make the later ranking lookup hit). `exact`: only an
         entry built exactly is served; an approximate one is a miss (left for the exact entry
         that replaces it to drop)."""
-        entry = self._peek(key)
-        if exact and entry is not None and not entry.exact:
-            entry = None
+        entry = _servable(self._peek(key), exact)
         if not count:
             return entry
         with self._lock:
@@ -145,8 +148,7 @@ class UserPrefixCache:
     def latest(self, user_id: UserId, exact: bool = False) -> CachedPrefix | None:
         """The user's live entry whatever its history (the base of an append), or None.
         Not counted in the hit rate. `exact`: only an entry built exactly."""
-        entry = self._latest(user_id)
-        return None if exact and entry is not None and not entry.exact else entry
+        return _servable(self._latest(user_id), exact)
 
     def _latest(self, user_id: UserId) -> CachedPrefix | None:
         with self._lock:
