@@ -54,7 +54,7 @@ def test_rcllm_at_full_budget_is_full_recompute(run):
 
 
 def test_profile_loads_in_the_simulator(run):
-    from rcllm.schedule.cost import MethodConfig
+    from rcllm.routing.cost import MethodConfig
     from rcllm.serve.calibrate import load_profile
     from rcllm.sim.engine import SimConfig, simulate
     from rcllm.sim.placement import build_locality

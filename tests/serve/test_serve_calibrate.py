@@ -9,8 +9,8 @@ import pytest
 from rcllm.config import RcllmConfig
 from rcllm.engine import Engine
 from rcllm.errors import RcllmError
-from rcllm.schedule import cpu_smollm2_profile
-from rcllm.schedule.fit import predict_ms
+from rcllm.routing import cpu_smollm2_profile
+from rcllm.routing.fit import predict_ms
 from rcllm.serve.calibrate import (calibration_points, fit_served_profile, load_profile,
                                    save_profile, served_model_spec)
 

@@ -3,7 +3,7 @@ user's user side wins the policy's locality term, so a prewarm and the next rank
 
 from __future__ import annotations
 
-from rcllm.schedule import CostModel, MethodConfig, cpu_smollm2_profile, routing_policy
+from rcllm.routing import CostModel, MethodConfig, cpu_smollm2_profile, routing_policy
 from rcllm.serve.views import (LiveInstance, UserResidency, cluster_view, routing_request,
                                user_key)
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from rcllm.schedule import MethodConfig
-from rcllm.schedule.vidur_fit import builtin_profile
+from rcllm.routing import MethodConfig
+from rcllm.routing.vidur_fit import builtin_profile
 from rcllm.sim import (SimConfig, SyntheticSpec, Workload, build_locality, poisson_arrivals_ms,
                        simulate, synthetic_workload)
 

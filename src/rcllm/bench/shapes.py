@@ -47,7 +47,7 @@ from ..model.transformer import LayerWeights, Transformer
 from ..prefill.selection import selection_policy
 from ..prefill.selective import PrefillInputs, prefill
 from ..prompt.builder import KINDS
-from ..schedule.profiles import (MODELS, NETWORK_BYTES_PER_S, PCIE_BYTES_PER_S, ModelSpec,
+from ..routing.profiles import (MODELS, NETWORK_BYTES_PER_S, PCIE_BYTES_PER_S, ModelSpec,
                                  SpeedProfile)
 
 PREFIX_BLOCK = 16       # the prefix cache's block (reuse.prefix_block default)
@@ -362,7 +362,7 @@ def fit_profile(rows: Sequence[dict], shape: Shape, model: Transformer, device_l
     context = prompt tokens), and the in-sample median relative error per method."""
     import numpy as np
 
-    from ..schedule.fit import fit_cpu_profile, predict_ms
+    from ..routing.fit import fit_cpu_profile, predict_ms
 
     spec = dataclasses.replace(shape.spec, kv_dtype_bytes=int(model.dtype.itemsize))
     gpu = model.device.type == "cuda"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RcllmError
-from ..schedule import ModelSpec, SpeedProfile, cpu_smollm2_profile
+from ..routing import ModelSpec, SpeedProfile, cpu_smollm2_profile
 
 CALIBRATION_METHODS = ("full", "rcllm")
 REPEATS = 2                          # runs per (user, method); the fastest is kept
@@ -61,7 +61,7 @@ def calibration_points(engine, dataset, cases: int = 3, repeats: int = REPEATS) 
 
 def fit_served_profile(points: list[Point], model: ModelSpec) -> SpeedProfile:
     """A CPU profile of `model` fitted to `points` (KV stays in host memory: transfer free)."""
-    from ..schedule.fit import fit_cpu_profile
+    from ..routing.fit import fit_cpu_profile
 
     base = cpu_smollm2_profile().replace(name=f"{model.name}@calibrated", model=model)
     usable = [p for p in points if p[2] > 0 and 0 <= p[0] <= p[1]]

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 def register(top, bench) -> None:
     from ..commands.common import add_engine_options
-    from ..schedule import POLICIES
+    from ..routing import POLICIES
     from .settings import ServeSettings
 
     d = ServeSettings()

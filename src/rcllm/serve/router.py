@@ -5,7 +5,7 @@ the co-occurrence of the dataset's user histories, hottest `hot_fraction` replic
 instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
 instance that holds its KV (through Ray's object store) when the cost model prices fetching
 below recomputing, else recomputed; either way it is cached there after the answer.
-Routing: a `rcllm.schedule` policy (affinity by default) over live views of the instances that
+Routing: a `rcllm.routing` policy (affinity by default) over live views of the instances that
 still have room; in a pointwise deployment the user's resident user side counts as locality too
 (`views.UserResidency`), and `/v1/prewarm` goes through the same policy, so a prewarm and the
 user's next ranking land on one instance. Admission: at most `queue_size` requests in flight
@@ -28,7 +28,7 @@ from typing import Any
 from ..sharding.sharding import build_placement
 from ..errors import RcllmError
 from ..records import Item
-from ..schedule import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
+from ..routing import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
 from .instance import Instance
 from .spec import EngineSpec
 from .views import LiveInstance, UserResidency, cluster_view, routing_request
@@ -93,7 +93,7 @@ class RayBackend:
             return cpu_smollm2_profile()
         if how != "calibrate":
             raise RcllmError(f"profile must be calibrate, builtin or a loaded profile, not {how!r}")
-        from ..schedule import ModelSpec
+        from ..routing import ModelSpec
         from .calibrate import fit_served_profile
 
         row = self._ray.get(self.actors[0].calibrate.remote(cases))

@@ -1,4 +1,4 @@
-"""The router's live picture of its instances, in the form `rcllm.schedule` policies read.
+"""The router's live picture of its instances, in the form `rcllm.routing` policies read.
 
 Contract: mutated only on the router's event loop (no locks). `inflight` counts requests sent
 to an instance and not yet answered (the router is the only sender, so it is exact);
@@ -26,7 +26,7 @@ from typing import Hashable, Iterator
 
 import numpy as np
 
-from ..schedule import ClusterView, InstanceView, RequestShape, RoutingRequest, SpeedProfile
+from ..routing import ClusterView, InstanceView, RequestShape, RoutingRequest, SpeedProfile
 
 # Token estimates for routing only (the engine counts real tokens); a request's own items use
 # the counts reported by an instance when known.

@@ -1,7 +1,7 @@
 """Discrete-event simulation of an rcllm cluster (no torch; a layering test checks).
 
 `simulate(workload, arrivals_ms, locality, profile, SimConfig(...))` runs requests through K
-instances routed by a `rcllm.schedule` policy and priced by its cost model.
+instances routed by a `rcllm.routing` policy and priced by its cost model.
 """
 
 from .engine import SimConfig, simulate

@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from ..schedule.cost import CostModel, MethodConfig
-from ..schedule.policies import routing_policy
-from ..schedule.views import ClusterView, RoutingRequest
-from ..schedule.vidur_fit import builtin_profile
+from ..routing.cost import CostModel, MethodConfig
+from ..routing.policies import routing_policy
+from ..routing.views import ClusterView, RoutingRequest
+from ..routing.vidur_fit import builtin_profile
 from .engine import SimConfig, simulate
 from .experiments import shape_of
 from .placement import build_locality

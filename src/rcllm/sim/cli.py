@@ -72,7 +72,7 @@ def _run(args) -> int:
 
 def _validate(args) -> int:
     from ..errors import RcllmError
-    from ..schedule.validate import (combine_repeats, load_bench_requests, validate,
+    from ..routing.validate import (combine_repeats, load_bench_requests, validate,
                                      validate_transfer)
 
     def load(paths: str):  # comma-separated repeated runs of the same requests
@@ -106,7 +106,7 @@ def _validate(args) -> int:
 
 
 def _profiles(args) -> int:
-    from ..schedule.vidur_fit import BAKED, builtin_profile, fit_all
+    from ..routing.vidur_fit import BAKED, builtin_profile, fit_all
     rows = []
     fitted = fit_all(args.vidur_dir) if os.path.isdir(args.vidur_dir) else {}
     for key in BAKED:
@@ -203,7 +203,7 @@ def register(top, bench) -> None:
     val.add_argument("--seed", type=int, default=0)
     val.set_defaults(func=_validate)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")
-    from ..schedule.vidur_fit import DEFAULT_DIR
+    from ..routing.vidur_fit import DEFAULT_DIR
     prof.add_argument("--vidur-dir", default=os.path.normpath(DEFAULT_DIR))
     prof.set_defaults(func=_profiles)
     _add_bench_args(sub.add_parser("bench", help="simulator and routing speed"))

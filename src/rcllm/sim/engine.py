@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..schedule.cost import CostModel, MethodConfig, RequestShape
-from ..schedule.policies import routing_policy
-from ..schedule.profiles import SpeedProfile
-from ..schedule.views import ArrayLocality, ClusterView, RoutingRequest
+from ..routing.cost import CostModel, MethodConfig, RequestShape
+from ..routing.policies import routing_policy
+from ..routing.profiles import SpeedProfile
+from ..routing.views import ArrayLocality, ClusterView, RoutingRequest
 from .result import SimResult
 from .workload import Workload
 

@@ -13,10 +13,10 @@ from typing import Sequence
 
 import numpy as np
 
-from ..schedule.cost import CostModel, MethodConfig, RequestShape
-from ..schedule.profiles import SpeedProfile
-from ..schedule.views import ArrayLocality
-from ..schedule.vidur_fit import builtin_profile
+from ..routing.cost import CostModel, MethodConfig, RequestShape
+from ..routing.profiles import SpeedProfile
+from ..routing.views import ArrayLocality
+from ..routing.vidur_fit import builtin_profile
 from .engine import SimConfig, simulate
 from .placement import build_locality
 from .result import SimResult

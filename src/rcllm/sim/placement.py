@@ -14,7 +14,7 @@ from typing import Hashable, Protocol
 import numpy as np
 
 from ..errors import RcllmError
-from ..schedule.views import ArrayLocality
+from ..routing.views import ArrayLocality
 from .workload import Workload
 
 PLACEMENTS = ("metis", "hash", "community")

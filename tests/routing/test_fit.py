@@ -6,8 +6,8 @@ import pytest
 
 from rcllm.cli import main
 from rcllm.errors import RcllmError
-from rcllm.schedule.fit import fit_cpu_profile, predict_ms
-from rcllm.schedule.validate import (combine_repeats, load_bench_requests, validate,
+from rcllm.routing.fit import fit_cpu_profile, predict_ms
+from rcllm.routing.validate import (combine_repeats, load_bench_requests, validate,
                                      validate_transfer)
 
 TRUE = {"fixed": 30.0, "per_token": 2.0, "per_pair": 4e-4,

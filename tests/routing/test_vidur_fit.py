@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from rcllm.schedule.vidur_fit import BAKED, DEFAULT_DIR, builtin_profile, fit_all
+from rcllm.routing.vidur_fit import BAKED, DEFAULT_DIR, builtin_profile, fit_all
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(DEFAULT_DIR),
                                 reason="../shared/data/vidur-profiles is absent")

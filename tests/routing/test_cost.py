@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from rcllm.errors import RcllmError
-from rcllm.schedule import CostModel, MethodConfig, RequestShape
-from rcllm.schedule.vidur_fit import builtin_profile
+from rcllm.routing import CostModel, MethodConfig, RequestShape
+from rcllm.routing.vidur_fit import builtin_profile
 
 SHAPE = RequestShape(prefix_tokens=200, fresh_tokens=60, history_tokens=500,
                      history_hit_tokens=450, item_tokens=2000)

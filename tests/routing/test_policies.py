@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from rcllm.schedule import (ArrayLocality, ClusterView, CostModel, InstanceView, MethodConfig,
+from rcllm.routing import (ArrayLocality, ClusterView, CostModel, InstanceView, MethodConfig,
                             RequestShape, RoutingRequest, routing_policy)
-from rcllm.schedule.vidur_fit import builtin_profile
+from rcllm.routing.vidur_fit import builtin_profile
 
 K = 4
 
