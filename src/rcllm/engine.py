@@ -29,7 +29,7 @@ from .errors import RcllmError
 from .kvstore.base import ChunkKV, KVStore, MemoryLRUStore, chunk_key
 from .model.loading import LoadedModel
 from .prefill.prefix_cache import PrefixCache
-from .prefill.scoring import continuation_scores, verbalizer_scores
+from .prefill.scoring import continuation_scores, verbalizer_scores, yes_no_logits
 from .prefill.selection import selection_policy
 from .prefill.selective import Layout, PrefillInputs, prefill
 from .prompt.builder import KINDS, Prompt, PromptBuilder, RankRequest
@@ -224,10 +224,8 @@ class PointwiseScorer(Scorer):
         self.pw = self.source
 
     def score(self, engine, prompt, inp, hidden_out):
-        import torch.nn.functional as F
-
         hidden = engine.model.final_hidden(hidden_out)
-        logits = F.linear(hidden, engine.model.lm_head[[self.pw.yes_id, self.pw.no_id]]).float()
+        logits = yes_no_logits(engine.model, hidden, self.pw.yes_id, self.pw.no_id)
         return logits[:, 0] - logits[:, 1], logits, hidden
 
 

@@ -41,6 +41,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import RcllmError
 from ..model.loading import LoadedModel, cache_root
 from ..config import ReuseConfig
+from ..prefill.scoring import yes_no_logits
 from ..prefill.selection import SelectionPolicy
 from ..prefill.selective import Layout, PrefillInputs, prefill
 from ..prompt.builder import PromptBuilder, RankRequest
@@ -212,7 +213,7 @@ class Trainer:
                 inp.have_kv[s:e] = True
         res = prefill(self.model, inp, SelectionPolicy(self._reuse_cfg), grad=True)
         h = self.model.final_hidden(res.hidden_out)
-        logits = F.linear(h, self.model.lm_head[[pw.yes_id, pw.no_id]]).float()
+        logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)
         return logits[:, 0] - logits[:, 1]
 
     def _inputs(self, ids: list[int], blocks) -> PrefillInputs:

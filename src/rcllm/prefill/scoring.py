@@ -1,6 +1,9 @@
 """Turning a prefilled prompt into candidate scores.
 
 - verbalizer (LlamaRec): log-softmax over the candidate label tokens at the last position.
+- pointwise (TALLRec): the " Yes" and " No" logits at each candidate block's last slot
+  (`yes_no_logits`); the engine, the user-prefix scorer and the trainer all read it here, so
+  training and serving score alike.
 - likelihood: mean log-probability of each candidate's name as the continuation of the
   prompt. All continuations run in one pass of the selective prefill over the shared prompt
   KV (`continue_exact`, a block layout): each continuation token attends to every prompt token
@@ -12,8 +15,17 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
+
 from ..model.transformer import Transformer
 from .selective import continue_exact
+
+
+def yes_no_logits(model: Transformer, normed: torch.Tensor, yes_id: int, no_id: int
+                  ) -> torch.Tensor:
+    """Final-normed hidden states [C, d] → the (yes, no) logits [C, 2] (float32); only those
+    two rows of the output head are evaluated. The score is column 0 − column 1."""
+    return F.linear(normed, model.lm_head[[yes_id, no_id]]).float()
 
 
 def verbalizer_scores(logits: torch.Tensor, label_ids: Sequence[int]) -> torch.Tensor:

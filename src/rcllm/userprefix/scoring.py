@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..model.transformer import Transformer
+from ..prefill.scoring import yes_no_logits
 from ..prefill.selective import continue_exact
 from .kv import PrefixKV
 
@@ -41,12 +41,6 @@ def suffix_last_hidden(model: Transformer, prefix_k: torch.Tensor, prefix_v: tor
         raise ValueError("empty candidate suffix") from None
 
 
-def yes_no_logits(model: Transformer, h_last: torch.Tensor, yes_id: int, no_id: int
-                  ) -> torch.Tensor:
-    """Last hidden states [C, d] (before the final norm) → the (yes, no) logits [C, 2]."""
-    return F.linear(model.final_hidden(h_last), model.lm_head[[yes_id, no_id]]).float()
-
-
 @torch.inference_mode()
 def score_batched(model: Transformer, prefix: PrefixKV, suffixes: Sequence[Sequence[int]],
                   yes_id: int, no_id: int) -> torch.Tensor:
@@ -55,7 +49,8 @@ def score_batched(model: Transformer, prefix: PrefixKV, suffixes: Sequence[Seque
     The prefix is not modified. Raises ValueError for an empty suffix.
     """
     h = suffix_last_hidden(model, prefix.k, prefix.v, suffixes)
-    return torch.softmax(yes_no_logits(model, h, yes_id, no_id), dim=-1)[:, 0].cpu()
+    logits = yes_no_logits(model, model.final_hidden(h), yes_id, no_id)
+    return torch.softmax(logits, dim=-1)[:, 0].cpu()
 
 
 @torch.inference_mode()
@@ -64,10 +59,5 @@ def score_independent(model: Transformer, prefix_ids: Sequence[int], suffix: Seq
     """The reference: P(yes) from one full forward over prefix + suffix (no cache)."""
     ids = torch.tensor(list(prefix_ids) + list(suffix), device=model.device)
     out = model.forward(ids, return_hidden=True)
-    return float(_yes_prob_from_normed(model, out["hidden"], yes_id, no_id))
-
-
-def _yes_prob_from_normed(model: Transformer, normed: torch.Tensor, yes_id: int,
-                          no_id: int) -> torch.Tensor:
-    logits = F.linear(normed, model.lm_head[[yes_id, no_id]]).float()
-    return torch.softmax(logits, dim=-1)[0]
+    logits = yes_no_logits(model, out["hidden"], yes_id, no_id)
+    return float(torch.softmax(logits, dim=-1)[0])
