@@ -12,7 +12,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import NewType, Protocol, Sequence
+from typing import Callable, NewType, Protocol, Sequence
 
 import torch
 
@@ -56,6 +56,13 @@ class KVStore(Protocol):
     get() returns None on a miss (never raises for a missing key); put() may evict other
     entries to stay within the store's byte budget; an entry larger than the budget is not
     stored. Entries are immutable once stored: callers must not modify returned tensors.
+
+    Builds (the engine's misses): `build_now` computes and stores a key unless present (True
+    when this call built it); `build_behind` counts a request-path miss of `kind` and builds
+    the key after the answer; `run_behind` runs other after-the-answer work (`job` stores its
+    own result) keyed by `key`; `count_miss` counts a miss that is not built. `InlineBuilds`
+    gives a plain store these operations done at once in the caller's thread; the store front
+    (`kvstore.front.StoreFront`) queues the behind ones on its builder thread instead.
     """
 
     def get(self, key: ChunkKey) -> ChunkKV | None: ...
@@ -65,9 +72,35 @@ class KVStore(Protocol):
     def nbytes(self) -> int: ...
     def __len__(self) -> int: ...
     def check_invariants(self) -> None: ...
+    def build_now(self, key: ChunkKey, compute: Callable[[], ChunkKV]) -> bool: ...
+    def build_behind(self, key: ChunkKey, kind: str, compute: Callable[[], ChunkKV]) -> bool: ...
+    def run_behind(self, key: str, job: Callable[[], None]) -> bool: ...
+    def count_miss(self, kind: str) -> None: ...
 
 
-class MemoryLRUStore:
+class InlineBuilds:
+    """The `KVStore` build operations for a store with no builder thread: everything runs now,
+    in the caller's thread (off the request's clock: the engine calls them after answering).
+    Misses are not counted (a plain store keeps no per-kind counters)."""
+
+    def build_now(self, key: ChunkKey, compute: Callable[[], ChunkKV]) -> bool:
+        if self.contains(key):
+            return False
+        self.put(key, compute())
+        return True
+
+    def build_behind(self, key: ChunkKey, kind: str, compute: Callable[[], ChunkKV]) -> bool:
+        return self.build_now(key, compute)
+
+    def run_behind(self, key: str, job: Callable[[], None]) -> bool:
+        job()
+        return True
+
+    def count_miss(self, kind: str) -> None:
+        return None
+
+
+class MemoryLRUStore(InlineBuilds):
     """Process-memory store, least-recently-used eviction by bytes. Thread-safe."""
 
     def __init__(self, capacity_bytes: int = 8 << 30):

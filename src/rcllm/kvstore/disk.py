@@ -38,7 +38,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..errors import RcllmError
-from .base import ChunkKey, ChunkKV
+from .base import ChunkKey, ChunkKV, InlineBuilds
 from .codec import InvalidEntry, KeyCheck, decode, encode_checked, read_metadata
 from .latency import TierLatency, timed
 
@@ -83,7 +83,7 @@ def claim_folder(root: Path) -> None:
         raise RcllmError(f"cannot create KV store {root}: {exc.strerror or exc}") from None
 
 
-class DiskStore:
+class DiskStore(InlineBuilds):
     """KVStore on local files, LRU by bytes. Thread-safe.
 
     get() returns None on a miss or on an invalid entry (which is deleted when it is in this

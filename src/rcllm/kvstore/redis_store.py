@@ -19,14 +19,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .base import ChunkKey, ChunkKV
+from .base import ChunkKey, ChunkKV, InlineBuilds
 from .codec import InvalidEntry, KeyCheck, decode, encode_checked
 from .latency import TierLatency, timed
 
 log = logging.getLogger(__name__)
 
 
-class RedisStore:
+class RedisStore(InlineBuilds):
     """KVStore on a Redis server. Thread-safe (redis-py pools connections)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, prefix: str = "rcllm:kv:",

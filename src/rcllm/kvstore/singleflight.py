@@ -65,3 +65,25 @@ class SingleFlight(Generic[T]):
         with self._lock:
             call = self._calls.get(key)
             return call.waiters if call else 0
+
+
+def get_or_compute(flight: SingleFlight[T], key: Hashable, lookup: Callable[[], T | None],
+                   recheck: Callable[[], T | None], compute: Callable[[], T],
+                   store: Callable[[T], object]) -> T:
+    """A cache's read-through: `lookup()` (the counted look-up), and on a miss `compute()` run
+    once per key however many threads miss together, its result passed to `store` and shared.
+    The leader calls `recheck()` (an uncounted look-up) first: a leader that finished just
+    before it may have stored the value. Exceptions from `compute` reach every waiting caller."""
+    found = lookup()
+    if found is not None:
+        return found
+
+    def lead() -> T:
+        again = recheck()
+        if again is not None:
+            return again
+        fresh = compute()
+        store(fresh)
+        return fresh
+
+    return flight.do(key, lead)

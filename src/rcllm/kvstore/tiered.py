@@ -19,14 +19,14 @@ import queue
 import threading
 from typing import Callable, Iterable, Sequence
 
-from .base import ChunkKey, ChunkKV, KVStore, MemoryLRUStore
-from .singleflight import SingleFlight
+from .base import ChunkKey, ChunkKV, InlineBuilds, KVStore, MemoryLRUStore
+from .singleflight import SingleFlight, get_or_compute
 
 log = logging.getLogger(__name__)
 _STOP = object()
 
 
-class TieredStore:
+class TieredStore(InlineBuilds):
     """KVStore over `memory` (fastest) and `lower` tiers (fastest first). Thread-safe.
 
     nbytes/len report the memory tier (the process footprint); `stats()` covers every tier.
@@ -84,21 +84,13 @@ class TieredStore:
     def get_or_compute(self, key: ChunkKey, compute_fn: Callable[[], ChunkKV]) -> ChunkKV:
         """get(key), or compute_fn() stored with put() on a miss. Concurrent misses on one key
         run compute_fn once; the other callers wait and share its result (or its exception)."""
-        value = self.get(key)
-        if value is not None:
-            return value
-
-        def lead() -> ChunkKV:
-            found = self.get(key)  # another leader may have finished just before us
-            if found is not None:
-                return found
-            computed = compute_fn()
+        def store(computed: ChunkKV) -> None:
             with self._lock:
                 self.computes += 1
             self.put(key, computed)
-            return computed
 
-        return self._flight.do(key, lead)
+        return get_or_compute(self._flight, key, lambda: self.get(key), lambda: self.get(key),
+                              compute_fn, store)
 
     def contains(self, key: ChunkKey) -> bool:
         with self._lock:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from .base import ChunkKey, ChunkKV, KVStore, MemoryLRUStore
+from .base import ChunkKey, ChunkKV, InlineBuilds, KVStore, MemoryLRUStore
 from .codec import KeyCheck
 from .front import StoreFront
 
@@ -133,7 +133,7 @@ def close_store(store) -> None:
             close()
 
 
-class PartitionedStore:
+class PartitionedStore(InlineBuilds):
     """A store split by chunk kind, each part with its own byte budget: a put goes to the part
     of its kind (as the KeyCheck derives it from key + token ids; `default` when unknown), so
     one kind cannot evict another's entries. Client-supplied reviews (history chunks) in the

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import RcllmError
-from ..kvstore.singleflight import SingleFlight
+from ..kvstore.singleflight import SingleFlight, get_or_compute
 from ..records import UserId
 from .entry import CachedPrefix, PrefixKey, prefix_key
 from .expander import HostSpill
@@ -168,19 +168,8 @@ class UserPrefixCache:
                        count: bool = True) -> CachedPrefix:
         """A hit, or `compute()` run once per key however many threads miss together; the
         result is stored. Exceptions from `compute` reach every waiting caller."""
-        entry = self.lookup(key, count)
-        if entry is not None:
-            return entry
-
-        def leader() -> CachedPrefix:
-            again = self._peek(key)  # a previous leader may have stored it meanwhile
-            if again is not None:
-                return again
-            fresh = compute()
-            self.put(fresh)
-            return fresh
-
-        return self._flight.do(key, leader)
+        return get_or_compute(self._flight, key, lambda: self.lookup(key, count),
+                              lambda: self._peek(key), compute, self.put)
 
     # ---- mutation -----------------------------------------------------------------------
     def put(self, entry: CachedPrefix) -> bool:
