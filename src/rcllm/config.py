@@ -18,6 +18,7 @@ import yaml
 from .errors import RcllmError
 
 METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
+REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # the methods that reuse chunk KV
 USER_SIDES = ("reuse", "exact", "behind")  # reuse.user_side
 
 
@@ -135,14 +136,6 @@ class UserPrefixConfig:
             raise RcllmError("userprefix.ttl_s must be >= 0 and userprefix.max_ttl_s > 0")
         if self.refresh_every < 1:
             raise RcllmError("userprefix.refresh_every must be >= 1")
-
-    def cache_config(self):
-        from .userprefix.cache import PrefixCacheConfig
-
-        return PrefixCacheConfig(max_bytes=self.max_bytes, ttl_s=self.ttl_s,
-                                 max_ttl_s=self.max_ttl_s, int8=self.int8,
-                                 spill_bytes=self.spill_bytes,
-                                 refresh_every=self.refresh_every)
 
 
 @dataclass(frozen=True)

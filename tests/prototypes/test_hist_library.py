@@ -26,7 +26,7 @@ def setup(tiny_loaded, tmp_path_factory):
     eng = Engine(tiny_loaded, ds.items, load(RcllmConfig, None, ["reuse.prefix_insert=false"]))
     corpus = [eng.builder.history_chunk(e) for u, h in ds.users.items() if u not in test_users
               for e in h]
-    lib = PrototypeLibrary.build(eng, corpus, BuildOptions(nbits=10, max_prototypes=600))
+    lib = PrototypeLibrary.build(eng.chunks, corpus, BuildOptions(nbits=10, max_prototypes=600))
     path = tmp_path_factory.mktemp("hist") / "lib.safetensors"
     lib.save(path)
     return ds, cases, eng, lib, path
@@ -48,11 +48,12 @@ def test_build_respects_budgets_and_embeddings_are_unit(setup):
     assert torch.allclose(lib.t["emb"].norm(dim=1), torch.ones(len(lib)), atol=1e-5)
     assert lib.t["k"].dtype == torch.float16
     per = lib.bytes_per_prototype
-    small = PrototypeLibrary.build(eng, [eng.builder.history_chunk(e) for e in cases[0].history],
+    small = PrototypeLibrary.build(eng.chunks,
+                                   [eng.builder.history_chunk(e) for e in cases[0].history],
                                    BuildOptions(nbits=10, max_bytes=5 * per))
     assert len(small) == 5 and small.nbytes <= 5 * per
     with pytest.raises(RcllmError, match="below one prototype"):
-        PrototypeLibrary.build(eng, [eng.builder.history_chunk(cases[0].history[0])],
+        PrototypeLibrary.build(eng.chunks, [eng.builder.history_chunk(cases[0].history[0])],
                                BuildOptions(max_bytes=per // 2))
 
 
@@ -60,7 +61,7 @@ def test_prototype_kv_is_the_kv_of_its_source_token(setup):
     ds, cases, eng, lib, path = setup
     # a library over one review keeps, for each prototype, that review's KV at its offset
     ids = eng.builder.history_chunk(cases[0].history[0])
-    one = PrototypeLibrary.build(eng, [ids], BuildOptions(nbits=8, dtype="float32"))
+    one = PrototypeLibrary.build(eng.chunks, [ids], BuildOptions(nbits=8, dtype="float32"))
     kv = eng.compute_chunk("history", ids)
     for slot in range(len(one)):
         off = int(one.t["offsets"][slot])
@@ -104,13 +105,14 @@ def test_threshold_leaves_unmatched_tokens_fresh(tiny_loaded, setup):
     ds, cases, eng, lib, path = setup
     case = cases[0]
     ids = eng.builder.history_chunk(case.history[0])
-    m = lib.match(eng, ids, threshold=0.99)
+    m = lib.match(eng.chunks, ids, threshold=0.99)
     assert torch.equal(m.matched, m.cosine >= 0.99)
     assert (m.k[:, :, ~m.matched] == 0).all()
     e2 = _engine(tiny_loaded, ds, path, "history.threshold=0.99")
     e2.build_items(case.candidates)
     r = e2.rank(RankRequest(case.user_id, case.history, case.candidates), "rcllm")
-    expected = sum(int((lib.nearest(e2, e2.builder.history_chunk(h), "lsh")[0] >= 0.99).sum())
+    expected = sum(int((lib.nearest(e2.chunks, e2.builder.history_chunk(h), "lsh")[0]
+                          >= 0.99).sum())
                    for h in case.history)
     assert r.stats["prototype_tokens"] == expected
     assert r.stats["prototype_chunks"] == len(case.history)
@@ -182,11 +184,11 @@ def test_lsh_lookup_finds_the_bucket_prototype(setup):
     # a corpus token's own bucket holds a prototype; its look-up cosine is never above exact's
     ids = eng.builder.history_chunk(next(e for u, h in ds.users.items()
                                          if u not in {c.user_id for c in cases} for e in h))
-    cos_l, idx_l = lib.nearest(eng, ids, "lsh")
-    cos_e, idx_e = lib.nearest(eng, ids, "exact")
+    cos_l, idx_l = lib.nearest(eng.chunks, ids, "lsh")
+    cos_e, idx_e = lib.nearest(eng.chunks, ids, "exact")
     assert (cos_l <= cos_e + 1e-5).all()
     assert (cos_l > -1).float().mean() > 0.5   # most buckets kept a prototype (600 of them)
     with pytest.raises(RcllmError, match="history.search"):
-        lib.nearest(eng, ids, "fuzzy")
+        lib.nearest(eng.chunks, ids, "fuzzy")
     again = PrototypeLibrary.load(path)
-    assert torch.equal(again.nearest(eng, ids, "lsh")[1], idx_l)  # the index survives the file
+    assert torch.equal(again.nearest(eng.chunks, ids, "lsh")[1], idx_l)  # the index survives the file

@@ -90,7 +90,7 @@ def run_build(args) -> int:
         pick = np.random.default_rng(args.seed).choice(len(chunks), args.max_reviews, replace=False)
         chunks = [chunks[i] for i in sorted(pick)]
     t = time.perf_counter()
-    lib = PrototypeLibrary.build(engine, chunks, opts, progress=True)
+    lib = PrototypeLibrary.build(engine.chunks, chunks, opts, progress=True)
     secs = time.perf_counter() - t
     out = Path(args.out) if args.out else (
         cache_root(cfg.model) / "history" / f"{ds.name}-{engine.loaded.fingerprint[:12]}.safetensors")
@@ -142,7 +142,7 @@ def match_statistics(engine, lib, cases, thresholds, sizes) -> dict:
     import torch
 
     reviews = list(dict.fromkeys(engine.builder.history_chunk(e) for c in cases for e in c.history))
-    embedded = [lib.embed(engine, ids) for ids in reviews]  # independent of the library's size
+    embedded = [lib.embed(engine.chunks, ids) for ids in reviews]  # independent of the library's size
     thr = engine.cfg.history.threshold
     out = {"reviews": len(reviews), "threshold": thr, "search": engine.cfg.history.search,
            "tokens": sum(len(ids) for ids in reviews)}

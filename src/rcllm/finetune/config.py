@@ -57,7 +57,7 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
     seed: int = opt(0, "seeds the LoRA init, the example order, negatives and label orders")
     objective: str = opt("pointwise", "pointwise: yes/no log-odds of each candidate after the user "
-                                      "side (rcllm.userprefix prompt), softmax over the "
+                                      "side (rcllm.prompt.pointwise), softmax over the "
                                       "candidates; listwise: the verbalizer label of the target")
     reuse: bool = opt(False, "reuse-aware (Block-Attention style, pointwise only): each item "
                              "chunk sees only its template context and itself, as the chunk "

@@ -105,7 +105,7 @@ class Trainer:
         self.pointwise = None
         self._reuse_cfg = ReuseConfig(method="naive")  # compute what is not given, as it is
         if t.objective == "pointwise":
-            from ..userprefix.prompt import PointwisePrompt
+            from ..prompt.pointwise import PointwisePrompt
 
             self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
 

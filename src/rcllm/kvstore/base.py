@@ -50,6 +50,55 @@ class ChunkKV:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
+@dataclass(frozen=True)
+class KVMatch:
+    """One cache's answer for a run of prompt slots: the one look-up shape of every cache the
+    engine reads (the prefix cache, the user side, the chunk store, the prototype library), so
+    the engine assembles a prompt's KV without knowing any cache's internals.
+
+    The match covers slots [start, start + length). Its K/V arrive in `pieces` (offset from
+    `start`, k, v) with k, v [L, H_kv, n, D] and keys pre-RoPE; the caller copies them in and
+    must not modify them. `held` says which covered slots hold usable KV: the first `held`
+    slots (an int; an item chunk's fresh tail is not held), or a bool mask [length]. `exact`:
+    computed at these very positions after this very prefix (never recomputed); else reused
+    KV that selective recomputation may refresh."""
+
+    source: str                  # "prefix" | "user_prefix" | "chunk" | "prototype"
+    start: int
+    length: int
+    pieces: tuple[tuple[int, torch.Tensor, torch.Tensor], ...]
+    held: "int | torch.Tensor"
+    exact: bool = False
+
+    def at(self, start: int) -> "KVMatch":
+        """The same match placed at slot `start` (a position-independent chunk lands anywhere)."""
+        return KVMatch(self.source, start, self.length, self.pieces, self.held, self.exact)
+
+    def copies(self):
+        """(first slot, end slot, k, v) of each piece, in prompt slots."""
+        for off, k, v in self.pieces:
+            s = self.start + off
+            yield s, s + k.shape[2], k, v
+
+    def held_mask(self) -> torch.Tensor:
+        """[length] bool: the covered slots that hold usable KV."""
+        if isinstance(self.held, int):
+            return torch.arange(self.length) < self.held
+        return self.held.cpu()
+
+
+def match_chunk(store: "KVStore", key: ChunkKey, token_ids: Sequence[int],
+                fresh_tail: int = 0) -> KVMatch | None:
+    """The chunk store's look-up: the entry under `key` as a match at slot 0 (place it with
+    `at`), or None on a miss or when the entry holds other tokens (a hash collision is never
+    served). `fresh_tail` last slots are left unheld (computed in the prompt)."""
+    entry = store.get(key)
+    if entry is None or entry.token_ids != tuple(token_ids):
+        return None
+    n = len(token_ids)
+    return KVMatch("chunk", 0, n, ((0, entry.k, entry.v),), max(0, n - fresh_tail))
+
+
 class KVStore(Protocol):
     """What the engine needs from any store or tier.
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from ..kvstore.base import ChunkKV, MemoryLRUStore, chunk_key
+from ..kvstore.base import ChunkKV, KVMatch, MemoryLRUStore, chunk_key
 
 
 class PrefixCache:
@@ -26,18 +26,18 @@ class PrefixCache:
             prev = chunk_key(self.fingerprint, "prefix:" + prev, ids[start:start + self.block])
             yield start, prev
 
-    def lookup(self, ids: Sequence[int], k_buf: torch.Tensor, v_buf: torch.Tensor,
-               limit: int) -> int:
-        """Copies the longest cached prefix (< limit tokens) into the buffers; returns its length."""
-        matched = 0
+    def match(self, ids: Sequence[int], limit: int) -> KVMatch | None:
+        """The longest cached prefix of `ids` (at most `limit` tokens, whole blocks), or None."""
+        pieces = []
         for start, key in self._keys(ids, limit):
             entry = self.store.get(key)
             if entry is None:
                 break
-            k_buf[:, :, start:start + self.block] = entry.k
-            v_buf[:, :, start:start + self.block] = entry.v
-            matched = start + self.block
-        return matched
+            pieces.append((start, entry.k, entry.v))
+        if not pieces:
+            return None
+        n = pieces[-1][0] + self.block
+        return KVMatch("prefix", 0, n, tuple(pieces), n, exact=True)
 
     def insert(self, ids: Sequence[int], k: torch.Tensor, v: torch.Tensor, upto: int) -> None:
         """Stores the full blocks of ids[:upto]; k/v [L, H_kv, >=upto, D] must be exact."""

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 from ..errors import RcllmError
+from ..kvstore.base import KVMatch
+from ..prefill.chunks import ChunkBuilder
 from .embed import embed_tokens, first_layer_states
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,10 @@ class Match:
     matched: torch.Tensor    # [T] bool: cosine >= threshold
     cosine: torch.Tensor     # [T] cosine to the nearest prototype
     prototype: torch.Tensor  # [T] index of the nearest prototype
+
+    def as_match(self) -> KVMatch:
+        """The engine's look-up shape: the matched tokens hold (reused) prototype KV."""
+        return KVMatch("prototype", 0, self.k.shape[2], ((0, self.k, self.v),), self.matched)
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -112,9 +118,10 @@ class PrototypeLibrary:
 
     # ---- build -------------------------------------------------------------------------
     @classmethod
-    def build(cls, engine, chunks: Sequence[Sequence[int]], opts: BuildOptions = BuildOptions(),
-              progress: bool = False) -> "PrototypeLibrary":
-        """Builds a library from review chunks (token ids as the prompt builder makes them)."""
+    def build(cls, builder: ChunkBuilder, chunks: Sequence[Sequence[int]],
+              opts: BuildOptions = BuildOptions(), progress: bool = False) -> "PrototypeLibrary":
+        """Builds a library from review chunks (token ids as the prompt builder makes them),
+        their KV from `builder` (the engine's `chunks`)."""
         import faiss
         from tqdm import tqdm
 
@@ -122,8 +129,8 @@ class PrototypeLibrary:
         chunks = [tuple(c) for c in dict.fromkeys(tuple(c) for c in chunks) if len(c)]
         if not chunks:
             raise RcllmError("no review text to build prototypes from")
-        model, dev = engine.model, engine.model.device
-        ctx0 = engine.context_layer0("history")
+        model, dev = builder.model, builder.model.device
+        ctx0 = builder.context_layer0("history")
         states, where = [], []
         for ci, ids in enumerate(tqdm(chunks, desc="first-layer states", unit="review",
                                       disable=not progress)):
@@ -170,7 +177,7 @@ class PrototypeLibrary:
             token_ids[slot] = chunks[ci][off]
         for ci, members in tqdm(sorted(by_chunk.items()), desc="prototype KV", unit="review",
                                 disable=not progress):
-            kv = engine.compute_chunk("history", chunks[ci])
+            kv = builder.compute("history", chunks[ci])
             slots = torch.tensor([s for s, _ in members])
             offs = torch.tensor([o for _, o in members])
             k_out[slots] = kv.k[:, :, offs].permute(2, 0, 1, 3).to(dtype).cpu()
@@ -180,8 +187,8 @@ class PrototypeLibrary:
                    "counts": torch.from_numpy(counts[order.numpy()].astype(np.int64)),
                    "mean": mean, "std": std,
                    "codes": torch.from_numpy(codes[protos.numpy()].copy()), "lsh": lsh_bytes}
-        meta = {"format": FORMAT, "fingerprint": engine.loaded.fingerprint,
-                "kind_tag": engine.kind_tag("history"),
+        meta = {"format": FORMAT, "fingerprint": builder.fingerprint,
+                "kind_tag": builder.kind_tag("history"),
                 "position_weight": repr(opts.position_weight), "options": json.dumps(asdict(opts)),
                 "corpus_reviews": str(len(chunks)), "corpus_tokens": str(len(emb)),
                 "buckets": str(nb)}
@@ -232,15 +239,15 @@ class PrototypeLibrary:
         return cls(tensors, meta)
 
     # ---- use ---------------------------------------------------------------------------
-    def embed(self, engine, ids: Sequence[int]) -> torch.Tensor:
+    def embed(self, builder: ChunkBuilder, ids: Sequence[int]) -> torch.Tensor:
         """Unit embeddings [T, E] of a review chunk's tokens, as the build embedded the corpus."""
-        dev = engine.model.device
-        states = first_layer_states(engine.model, torch.tensor(ids, device=dev),
-                                    engine.context_layer0("history")).float().cpu()
+        dev = builder.model.device
+        states = first_layer_states(builder.model, torch.tensor(ids, device=dev),
+                                    builder.context_layer0("history")).float().cpu()
         return embed_tokens(states, torch.arange(len(ids)), self.t["mean"], self.t["std"],
                             self.position_weight)
 
-    def nearest(self, engine, ids: Sequence[int], search: str = "lsh"
+    def nearest(self, builder: ChunkBuilder, ids: Sequence[int], search: str = "lsh"
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(cosine [T], prototype index [T]) of each token of a review chunk.
 
@@ -248,7 +255,7 @@ class PrototypeLibrary:
         token; cosine -1 when the bucket kept no prototype). "exact": the nearest prototype by
         cosine over all of them (faiss IndexFlatIP), the reference the LSH look-up approximates.
         """
-        return self.search(self.embed(engine, ids), search)
+        return self.search(self.embed(builder, ids), search)
 
     def search(self, emb: torch.Tensor, search: str = "lsh") -> tuple[torch.Tensor, torch.Tensor]:
         """`nearest` for embeddings [T, E] already made by `embed`."""
@@ -274,10 +281,10 @@ class PrototypeLibrary:
         cos = (torch.from_numpy(q) * self.t["emb"][idx]).sum(1)
         return torch.where(hit, cos, torch.full_like(cos, -1.0)), idx
 
-    def match(self, engine, ids: Sequence[int], threshold: float, search: str = "lsh") -> Match:
-        cos, idx = self.nearest(engine, ids, search)
+    def match(self, builder: ChunkBuilder, ids: Sequence[int], threshold: float, search: str = "lsh") -> Match:
+        cos, idx = self.nearest(builder, ids, search)
         matched = cos >= threshold
-        dev, dtype = engine.model.device, engine.model.dtype
+        dev, dtype = builder.model.device, builder.model.dtype
         k = self.t["k"][idx].permute(1, 2, 0, 3).to(device=dev, dtype=dtype)
         v = self.t["v"][idx].permute(1, 2, 0, 3).to(device=dev, dtype=dtype)
         k[:, :, ~matched] = 0

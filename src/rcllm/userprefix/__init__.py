@@ -1,7 +1,10 @@
 """Pointwise ranking over a cached user prefix (PAPERS.md §2) and pre-inference relay (§4).
 
-- `prompt`: the user side (instruction + review history) first, then one short
-  "Will I like X? Answer:" suffix per candidate, scored as P(" Yes") against P(" No").
+- the prompt lives in `rcllm.prompt.pointwise`, beside the listwise builder: the user side
+  (instruction + review history) first, then one short "Will I like X? Answer:" suffix per
+  candidate, scored as P(" Yes") against P(" No").
+- `side`: the engine's user-side interface — `lookup` before the prefill, `store` after the
+  answer, `prewarm` (pre-inference).
 - `scoring`: the user-side KV computed once; all candidates scored in one batched pass with a
   block mask (each suffix sees the prefix and itself only); an independent-forward reference.
 - `append`: new behaviour appended to a cached prefix (forward with past) and its drift.

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from ..config import UserPrefixConfig
 from ..errors import RcllmError
 from ..kvstore.singleflight import SingleFlight, get_or_compute
 from ..records import UserId
@@ -42,6 +43,12 @@ class PrefixCacheConfig:
     spill_ttl_s: float = 30.0
     min_hit_rate: float = 0.7
     hit_rate_window: int = 100
+
+    @classmethod
+    def from_settings(cls, up: UserPrefixConfig) -> "PrefixCacheConfig":
+        """The cache's settings from the engine's `userprefix` config section."""
+        return cls(max_bytes=up.max_bytes, ttl_s=up.ttl_s, max_ttl_s=up.max_ttl_s, int8=up.int8,
+                   spill_bytes=up.spill_bytes, refresh_every=up.refresh_every)
 
     def validate(self) -> None:
         if self.max_bytes <= 0 or self.spill_bytes < 0:

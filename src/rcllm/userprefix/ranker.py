@@ -19,7 +19,7 @@ from .append import append_prefix
 from .cache import UserPrefixCache
 from .entry import CachedPrefix
 from .kv import PrefixKV, StoredKV
-from .prompt import PointwisePrompt, UserSide, history_hash
+from ..prompt.pointwise import PointwisePrompt, UserSide, history_hash
 from .scoring import compute_prefix, score_batched
 
 

@@ -16,7 +16,7 @@ from ..eval.datasets import load_dataset
 from ..model.loading import LoadedModel
 from ..prompt.builder import PromptBuilder
 from ..records import Dataset, HistoryEntry, ItemId
-from .prompt import PointwisePrompt
+from ..prompt.pointwise import PointwisePrompt
 
 DAY_S = 86_400
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import RcllmError
-from ..prompt.builder import PromptBuilder
 from ..records import HistoryEntry, ItemId, UserId
+from .builder import Prompt, PromptBuilder, Segment
 
 INSTRUCTION = (
     "<|im_start|>system\nYou are a recommender system. You read a user's past reviews and "
@@ -104,8 +104,6 @@ class PointwisePrompt:
         entries) and the block head — and one block per candidate (item chunk, tail). Token for
         token, shared part + block is `user_side(...).ids + candidate_ids(c)`. RcllmError for
         bad input."""
-        from ..prompt.builder import Prompt, Segment
-
         self.builder.validate(req)
         history, dropped = self.builder.history_segments(req.history)
         # every block would start with the same head at the same position, seeing the same

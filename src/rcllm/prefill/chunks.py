@@ -1,0 +1,90 @@
+"""Position-independent chunk KV: built after a short context, keyed, stored and built once.
+
+A chunk (one item text, one review) is run through the model after the tokens of its *context*
+(`reuse.chunk_context`): "none" (the chunk alone), "instruction" (the instruction prefix) or
+"template" (the instruction followed by the dynamic text that precedes such a chunk in a prompt:
+the items header and a label, or the pointwise block head; a history entry's bullet), so the
+chunk's first tokens see a realistic neighbourhood instead of acting as attention sinks. The
+context is part of the key (`kind_tag`): KV built after one context never serves another.
+Keys are stored pre-RoPE, so the same entry serves the chunk at any position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Sequence
+
+import torch
+
+from ..config import ReuseConfig
+from ..kvstore.base import ChunkKV, KVStore, chunk_key
+from ..model.transformer import Transformer
+
+CHUNK_KINDS = ("history", "item")
+
+
+class ChunkBuilder:
+    """Builds and keys the chunk KV of one model. `context_ids(kind)` gives the tokens a chunk
+    of `kind` is built after under the "template" context ("instruction": the instruction);
+    `reuse` is the engine's configured reuse section (the default of every call)."""
+
+    def __init__(self, model: Transformer, fingerprint: str,
+                 context_ids: Callable[[str], Sequence[int]], reuse: ReuseConfig,
+                 store: KVStore):
+        self.model, self.fingerprint, self.reuse, self.store = model, fingerprint, reuse, store
+        self._context_ids = context_ids
+        # (kind, mode) → K, V [L, H_kv, P, D] of the context, and its tag
+        self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
+
+    def context(self, kind: str, mode: str):
+        """(K, V, tag) of the tokens a chunk of `kind` is built after, or None for "none"."""
+        if mode == "none":
+            return None
+        if (kind, mode) not in self._contexts:
+            ids = list(self._context_ids("instruction" if mode == "instruction" else kind))
+            out = self.model.forward(torch.tensor(ids, device=self.model.device), return_kv=True)
+            tag = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
+            self._contexts[(kind, mode)] = (out["k"], out["v"], tag)
+        return self._contexts[(kind, mode)]
+
+    def kind_tag(self, kind: str, reuse: ReuseConfig | None = None) -> str:
+        """The tag chunks of `kind` are keyed under (kind + the context they are built after)."""
+        ctx = self.context(kind, (reuse or self.reuse).chunk_context)
+        return f"{kind}@{ctx[2] if ctx else 'none'}"
+
+    def context_layer0(self, kind: str):
+        """Layer-0 (K, V) [H_kv, P, D] of the context chunks of `kind` are built after, or None."""
+        ctx = self.context(kind, self.reuse.chunk_context)
+        return (ctx[0][0], ctx[1][0]) if ctx else None
+
+    def key(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None):
+        return chunk_key(self.fingerprint, self.kind_tag(kind, reuse), ids)
+
+    @torch.inference_mode()
+    def compute(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> ChunkKV:
+        """Position-independent KV of a chunk, built after its kind's context (keys pre-RoPE)."""
+        ctx = self.context(kind, (reuse or self.reuse).chunk_context)
+        t = torch.tensor(ids, device=self.model.device)
+        out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
+                                 return_kv=True)
+        return ChunkKV(tuple(ids), out["k"], out["v"])
+
+    def ensure(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> bool:
+        """Builds and stores the chunk if absent; True when this call built it. A build of the
+        same key in flight on the store is joined, not repeated (`KVStore.build_now`)."""
+        key = self.key(kind, ids, reuse)
+        if self.store.contains(key):
+            return False
+        return self.store.build_now(key, lambda: self.compute(kind, ids, reuse))
+
+    def build_behind(self, kind: str, ids: Sequence[int], reuse: ReuseConfig) -> None:
+        """A request's miss, after its answer: built behind it on the store (once per key)."""
+        self.store.build_behind(self.key(kind, ids, reuse), kind,
+                                lambda: self.compute(kind, ids, reuse))
+
+    def build(self, kind: str, chunks: Sequence[Sequence[int]], progress: bool = False) -> int:
+        """Ensures every chunk of `kind` is stored; returns how many were built."""
+        from tqdm import tqdm
+
+        bar = tqdm(chunks, desc=f"building {kind} KV", unit="chunk", disable=not progress)
+        return sum(self.ensure(kind, ids) for ids in bar)
