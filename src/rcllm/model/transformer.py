@@ -95,6 +95,40 @@ class Transformer:
         gate, up = F.linear(x, w.w_gate_up).chunk(2, dim=-1)
         return h + F.linear(F.silu(gate) * up, w.w_down)
 
+    def layer(self, layer: int, h: torch.Tensor, q_pos: torch.Tensor, keys, attend,
+              qkv=None, seen=None):
+        """The one layer body every forward runs (this model's `forward`, the selective
+        prefill's layers, layer 0 with the probe): hidden states h [n, d] of tokens at
+        positions q_pos [n] → (new h [n, d], their pre-RoPE k, v [H_kv, n, D]).
+
+        The callers differ only through hooks: `keys(k, v)` keeps the new tokens' K/V where the
+        caller holds KV and returns (rotated keys, values) of every slot the queries may see;
+        `attend(q_rot, k_rot, v)` is the attention [H, n, D] under the caller's layout;
+        `seen(q_rot, k_rot)` reads both before it (the probe's attention mass). `qkv`: the
+        projections of h when already made (the probe makes layer 1's)."""
+        q, k, v = qkv if qkv is not None else self.qkv(layer, h)
+        k_rot, v_all = keys(k, v)
+        q_rot = self.rope(q, q_pos)
+        if seen is not None:
+            seen(q_rot, k_rot)
+        return self.finish(layer, h, attend(q_rot, k_rot, v_all)), k, v
+
+    def layer_after(self, layer: int, h: torch.Tensor, positions: torch.Tensor,
+                    all_pos: torch.Tensor, past_k: torch.Tensor | None = None,
+                    past_v: torch.Tensor | None = None):
+        """`layer` over tokens at `positions` [n] that follow a past of P slots (this layer's
+        pre-RoPE K/V [H_kv, P, D], or None) and see it and each other causally; `all_pos`
+        [P + n] the positions of past and new slots. → (h, k, v) as `layer`."""
+        def keys(k, v):
+            if past_k is not None:
+                k, v = torch.cat((past_k, k), dim=1), torch.cat((past_v, v), dim=1)
+            return self.rope(k, all_pos), v
+
+        def attend(q_rot, k_rot, v_all):
+            return self.attend(q_rot, positions, k_rot, v_all)
+
+        return self.layer(layer, h, positions, keys, attend)
+
     def attend(self, q: torch.Tensor, q_pos: torch.Tensor, k_rot: torch.Tensor,
                v: torch.Tensor) -> torch.Tensor:
         """Causal attention of queries q [H, n, D] at sorted positions q_pos [n] over keys
@@ -162,14 +196,9 @@ class Transformer:
         h = self.embed(ids)
         ks, vs = [], []
         for layer in range(a.num_layers):
-            q, k, v = self.qkv(layer, h)
-            if past:
-                k_all = torch.cat((past_k[layer], k), dim=1)
-                v_all = torch.cat((past_v[layer], v), dim=1)
-            else:
-                k_all, v_all = k, v
-            attn = self.attend(self.rope(q, positions), positions, self.rope(k_all, all_pos), v_all)
-            h = self.finish(layer, h, attn)
+            h, k, v = self.layer_after(layer, h, positions, all_pos,
+                                       past_k[layer] if past else None,
+                                       past_v[layer] if past else None)
             if return_kv:
                 ks.append(k)
                 vs.append(v)

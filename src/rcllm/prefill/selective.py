@@ -196,20 +196,27 @@ def _deviation(k: torch.Tensor, v: torch.Tensor, k_old: torch.Tensor, v_old: tor
 
 
 def _layer(model: Transformer, layer: int, h: torch.Tensor, idx: torch.Tensor,
-           inp: PrefillInputs, plan, qkv=None) -> torch.Tensor:
-    q, k, v = qkv if qkv is not None else model.qkv(layer, h)
+           inp: PrefillInputs, plan, qkv=None, seen=None) -> torch.Tensor:
+    """The model's layer body over the slots idx: their K/V written into the buffers, queries
+    attending over every slot's KV as the layout allows."""
     pos = inp.layout.pos
-    k_rot = inp.layer(layer) if inp.layer is not None else None
-    inp.k_buf[layer][:, idx] = k
-    inp.v_buf[layer][:, idx] = v
     q_pos = pos[idx]
-    if k_rot is None:
-        k_rot = model.rope(inp.k_buf[layer], pos)
-    else:  # reused keys arrive rotated; only the recomputed ones are rotated here
-        k_rot[:, idx] = model.rope(k, q_pos)
-    attn = attend_layout(model, model.rope(q, q_pos), idx, k_rot, inp.v_buf[layer],
-                         inp.layout, plan)
-    return model.finish(layer, h, attn)
+
+    def keys(k, v):
+        # wait for the gather first: it writes this layer's reused KV, which the recomputed
+        # slots then overwrite
+        k_rot = inp.layer(layer) if inp.layer is not None else None
+        inp.k_buf[layer][:, idx] = k
+        inp.v_buf[layer][:, idx] = v
+        if k_rot is None:
+            return model.rope(inp.k_buf[layer], pos), inp.v_buf[layer]
+        k_rot[:, idx] = model.rope(k, q_pos)  # reused keys arrive rotated
+        return k_rot, inp.v_buf[layer]
+
+    def attend(q_rot, k_rot, v):
+        return attend_layout(model, q_rot, idx, k_rot, v, inp.layout, plan)
+
+    return model.layer(layer, h, q_pos, keys, attend, qkv, seen)[0]
 
 
 def _attention_mass(model: Transformer, q: torch.Tensor, idx: torch.Tensor,
@@ -321,15 +328,14 @@ def _layer0_and_probe(model: Transformer, inp: PrefillInputs, policy: SelectionP
     h = model.embed(inp.ids[idx])
     for layer in (0, 1) if inp.layer is not None else ():
         inp.layer(layer)  # the probe reads layers 0 and 1 whole (unrotated copies suffice)
-    q, k, v = model.qkv(0, h)
-    inp.k_buf[0][:, idx] = k
-    inp.v_buf[0][:, idx] = v
-    k_rot = model.rope(inp.k_buf[0], pos_all)
-    q_rot = model.rope(q, pos_all[idx])
-    attn = attend_layout(model, q_rot, idx, k_rot, inp.v_buf[0], layout, layout.plan(idx))
-    mass = (_attention_mass(model, q_rot, idx, k_rot, layout)
-            if probe and 0 in policy.mass_layers() else None)
-    h = model.finish(0, h, attn)
+    heavy = []  # layer-0 heavy hitters, read from the layer's rotated queries and keys
+
+    def seen(q_rot, k_rot):
+        if probe and 0 in policy.mass_layers():
+            heavy.append(_attention_mass(model, q_rot, idx, k_rot, layout))
+
+    h = _layer(model, 0, h, idx, inp, layout.plan(idx), seen=seen)
+    mass = heavy[0] if heavy else None
     out = _Start(idx, h, layer0, _layer_flops(model, layout, idx))
     if not probe:
         return out

@@ -41,14 +41,9 @@ def first_layer_states(model: Transformer, ids: torch.Tensor,
     past = 0 if context is None else context[0].shape[1]
     n = ids.shape[0]
     positions = torch.arange(past, past + n, device=ids.device)
-    h = model.embed(ids)
-    q, k, v = model.qkv(0, h)
-    if context is not None:
-        k = torch.cat((context[0], k), dim=1)
-        v = torch.cat((context[1], v), dim=1)
-    k_rot = model.rope(k, torch.arange(past + n, device=ids.device))
-    attn = model.attend(model.rope(q, positions), positions, k_rot, v)
-    return model.finish(0, h, attn)
+    all_pos = torch.arange(past + n, device=ids.device)
+    return model.layer_after(0, model.embed(ids), positions, all_pos,
+                             *(context if context is not None else (None, None)))[0]
 
 
 def embed_tokens(states: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor,
