@@ -25,11 +25,11 @@ COMMAND_MODULES = (
     "rcllm.commands.eval",
     "rcllm.commands.finetune",
     "rcllm.commands.rank",
-    "rcllm.checkpoints.cli",
+    "rcllm.commands.checkpoints",
     "rcllm.sim.cli",
-    "rcllm.kvstore.cli",
-    "rcllm.sharding.cli",
-    "rcllm.userprefix.cli",
+    "rcllm.commands.kvstore",
+    "rcllm.commands.shard",
+    "rcllm.commands.userprefix",
     "rcllm.serve.cli",
 )
 

@@ -63,3 +63,44 @@ def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) ->
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
     return "\n".join(lines)
+
+
+# ---- comparing a method's ranking with full recompute's (the explain page, eval --html) ----
+def softmax(xs: list[float]) -> list[float]:
+    m = max(xs)
+    e = [math.exp(x - m) for x in xs]
+    s = sum(e)
+    return [x / s for x in e]
+
+
+def compare(ranking: list[str], scores: dict[str, float], full_ranking: list[str] | None,
+            full_scores: dict[str, float] | None, candidates: list[str]) -> dict[str, Any]:
+    """Per candidate (in the method's ranking order): rank, score, full's rank and score and
+    `rank_change` = full's rank - this rank (> 0: the method ranks it higher than full);
+    `kl` = KL(full || method) of the softmaxes of the two score vectors over the candidates
+    (nats), `top1_agree`. Without full's scores only the method's columns are filled."""
+    pos = {c: i + 1 for i, c in enumerate(ranking)}
+    full_pos = {c: i + 1 for i, c in enumerate(full_ranking or ())}
+    rows = []
+    for c in ranking:
+        row = {"item_id": c, "rank": pos[c], "score": scores[c], "full_rank": None,
+               "full_score": None, "rank_change": None}
+        if full_scores is not None:
+            row.update(full_rank=full_pos[c], full_score=full_scores[c],
+                       rank_change=full_pos[c] - pos[c])
+        rows.append(row)
+    out: dict[str, Any] = {"rows": rows, "kl": None, "top1_agree": None}
+    if full_scores is not None and candidates:
+        p = softmax([full_scores[c] for c in candidates])
+        q = softmax([scores[c] for c in candidates])
+        out["kl"] = sum(pi * (math.log(pi) - math.log(max(qi, 1e-300)))
+                        for pi, qi in zip(p, q) if pi > 0)
+        out["top1_agree"] = bool(full_ranking and ranking[0] == full_ranking[0])
+    return out
+
+
+def stylesheet() -> str:
+    """The explain view's stylesheet: served by the page at /ui and inlined by `eval --html`."""
+    from importlib import resources
+
+    return resources.files("rcllm").joinpath("static", "ui.css").read_text("utf-8")

@@ -32,7 +32,7 @@ def test_bad_input_is_a_user_error(capsys):
 
 
 def test_catalog_imports_no_torch():
-    code = ("import sys, rcllm.sharding, rcllm.sharding.cli, rcllm.sharding.trace;"
+    code = ("import sys, rcllm.sharding, rcllm.commands.shard, rcllm.sharding.trace;"
             "assert 'torch' not in sys.modules, 'catalog imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -14,7 +14,7 @@ from rcllm.errors import RcllmError
 from rcllm.userprefix.cache import PrefixCacheConfig, UserPrefixCache
 from rcllm.userprefix.entry import CachedPrefix
 from rcllm.userprefix.kv import PrefixKV, StoredKV
-from rcllm.userprefix.workload import sample_candidates
+from rcllm.bench.userprefix_workload import sample_candidates
 
 
 def _entry(cache: UserPrefixCache, user: str, hist: str = "h", tokens: int = 10) -> CachedPrefix:

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from rcllm.userprefix.cli import register
+from rcllm.commands.userprefix import register
 from rcllm.userprefix.relay_sim import SimParams, max_rate, simulate, user_lengths
 
 
@@ -62,7 +62,7 @@ def test_relay_simulation_imports_no_torch():
 
 
 def test_bench_runs_on_the_tiny_model(tiny_loaded):
-    from rcllm.userprefix.bench import run_bench
+    from rcllm.bench.userprefix import run_bench
 
     rows, summary = run_bench(tiny_loaded, [3, 5], prefix_tokens=300, independent=2, repeats=1,
                               append_entries=2, seed=0)

@@ -7,7 +7,7 @@ from up_helpers import make_ranker
 
 from rcllm.errors import RcllmError
 from rcllm.userprefix.relay import AffinityRouter, Relay, RelayConfig, Trigger
-from rcllm.userprefix.workload import long_history, sample_candidates
+from rcllm.bench.userprefix_workload import long_history, sample_candidates
 
 
 def test_trigger_rules():

@@ -8,7 +8,7 @@ from up_helpers import make_ranker
 
 from rcllm.userprefix.append import append_prefix, kv_drift
 from rcllm.userprefix.scoring import compute_prefix, score_batched, score_independent
-from rcllm.userprefix.workload import long_history, sample_candidates
+from rcllm.bench.userprefix_workload import long_history, sample_candidates
 
 
 def test_batched_scores_equal_independent_forwards(tiny_loaded):

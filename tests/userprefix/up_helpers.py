@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rcllm.userprefix.cache import PrefixCacheConfig, UserPrefixCache
 from rcllm.userprefix.ranker import UserPrefixRanker
-from rcllm.userprefix.workload import pointwise_prompt, synthetic_dataset
+from rcllm.bench.userprefix_workload import pointwise_prompt, synthetic_dataset
 
 
 class FakeClock:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import html
 import os
-from importlib import resources
+
+from ..report import compare, stylesheet
 
 SOURCE_TEXT = {"fresh": "computed fresh", "prefix": "prefix cache",
                "user_prefix": "user-prefix cache", "chunk": "chunk store",
@@ -48,8 +49,6 @@ def _prompt(ex: dict) -> str:
 
 
 def _example(case, method_res, full_res) -> str:
-    from ..serve.ui import compare
-
     ex = method_res.explain
     cmp = compare(method_res.ranking, method_res.scores, full_res.ranking, full_res.scores,
                   list(ex["candidates"]))
@@ -86,7 +85,7 @@ def write_html(folder: str, title: str, rows: list[dict], columns, engine, cases
     from ..prompt.builder import RankRequest
 
     os.makedirs(folder, exist_ok=True)
-    css = resources.files("rcllm.serve").joinpath("static/ui.css").read_text()
+    css = stylesheet()
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'>"
              f"<title>{html.escape(title)}</title><style>{css}</style></head><body>"
              f"<header><h1>{html.escape(title)}</h1></header><main>",

@@ -15,7 +15,6 @@ Explain runs on the single-process backend only (it needs the engine in this pro
 from __future__ import annotations
 
 import asyncio
-import math
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import METHODS
 from ..errors import RcllmError
+from ..report import compare, stylesheet
 from ..records import Dataset, ItemId
 
 if TYPE_CHECKING:                  # the app imports this module; torch only where it ranks
@@ -32,39 +32,6 @@ if TYPE_CHECKING:                  # the app imports this module; torch only whe
 
 STATIC = {"ui.css": "text/css; charset=utf-8", "ui.js": "text/javascript; charset=utf-8"}
 MAX_USERS = 50          # dataset users listed on the page
-
-
-def softmax(xs: list[float]) -> list[float]:
-    m = max(xs)
-    e = [math.exp(x - m) for x in xs]
-    s = sum(e)
-    return [x / s for x in e]
-
-
-def compare(ranking: list[str], scores: dict[str, float], full_ranking: list[str] | None,
-            full_scores: dict[str, float] | None, candidates: list[str]) -> dict[str, Any]:
-    """Per candidate (in the method's ranking order): rank, score, full's rank and score and
-    `rank_change` = full's rank - this rank (> 0: the method ranks it higher than full);
-    `kl` = KL(full || method) of the softmaxes of the two score vectors over the candidates
-    (nats), `top1_agree`. Without full's scores only the method's columns are filled."""
-    pos = {c: i + 1 for i, c in enumerate(ranking)}
-    full_pos = {c: i + 1 for i, c in enumerate(full_ranking or ())}
-    rows = []
-    for c in ranking:
-        row = {"item_id": c, "rank": pos[c], "score": scores[c], "full_rank": None,
-               "full_score": None, "rank_change": None}
-        if full_scores is not None:
-            row.update(full_rank=full_pos[c], full_score=full_scores[c],
-                       rank_change=full_pos[c] - pos[c])
-        rows.append(row)
-    out: dict[str, Any] = {"rows": rows, "kl": None, "top1_agree": None}
-    if full_scores is not None and candidates:
-        p = softmax([full_scores[c] for c in candidates])
-        q = softmax([scores[c] for c in candidates])
-        out["kl"] = sum(pi * (math.log(pi) - math.log(max(qi, 1e-300)))
-                        for pi, qi in zip(p, q) if pi > 0)
-        out["top1_agree"] = bool(full_ranking and ranking[0] == full_ranking[0])
-    return out
 
 
 def explained(host: EngineHost, payload: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +93,8 @@ def user_requests(ds: Dataset | None, history_window: int, num_candidates: int,
 
 
 def _static(name: str) -> str:
+    if name == "ui.css":  # shared with eval's static report, so it lives below both
+        return stylesheet()
     return resources.files("rcllm.serve").joinpath("static", name).read_text("utf-8")
 
 

@@ -8,9 +8,9 @@ import logging
 
 from ..errors import RcllmError
 from ..report import markdown_table, write_report
-from .report import SMOLLM2_FP32_BYTES_PER_TOKEN, hit_rates, plot_scaling, shard_rows, sweep
-from .sharding import METHODS, build_placement
-from .trace import Trace, build_trace
+from ..sharding.report import SMOLLM2_FP32_BYTES_PER_TOKEN, hit_rates, plot_scaling, shard_rows, sweep
+from ..sharding.sharding import METHODS, build_placement
+from ..sharding.trace import Trace, build_trace
 
 log = logging.getLogger(__name__)
 FIGURE_KS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100)

@@ -16,10 +16,10 @@ from typing import Callable
 
 import torch
 
-from .base import ChunkKey, ChunkKV, KVStore, MemoryLRUStore, chunk_key
-from .codec import KeyCheck
-from .disk import DiskStore
-from .int8 import int8_fidelity
+from ..kvstore.base import ChunkKey, ChunkKV, KVStore, MemoryLRUStore, chunk_key
+from ..kvstore.codec import KeyCheck
+from ..kvstore.disk import DiskStore
+from ..kvstore.int8 import int8_fidelity
 
 FINGERPRINT = "rcllm-bench-kvstore"
 
@@ -121,7 +121,7 @@ def _run(cfg: BenchConfig, redis_port: int | None) -> tuple[list[dict], dict]:
             disk = DiskStore(f"{tmp}/{encoding}", check=check, encoding=encoding)
             rows += bench_tier(f"disk-{encoding}", disk, entries, memcpy_gb_s, recompute_ms)
     if redis_port is not None:
-        from .redis_store import RedisStore
+        from ..kvstore.redis_store import RedisStore
 
         for encoding in ("raw", "int8"):
             redis = RedisStore(port=redis_port, check=check, encoding=encoding,

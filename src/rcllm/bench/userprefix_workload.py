@@ -15,8 +15,8 @@ from ..config import PromptConfig
 from ..eval.datasets import load_dataset
 from ..model.loading import LoadedModel
 from ..prompt.builder import PromptBuilder
-from ..records import Dataset, HistoryEntry, ItemId
 from ..prompt.pointwise import PointwisePrompt
+from ..records import Dataset, HistoryEntry, ItemId
 
 DAY_S = 86_400
 

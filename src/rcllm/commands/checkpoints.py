@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def register(top: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
-    from .bench import CheckpointBenchConfig
+    from ..bench.checkpoints import CheckpointBenchConfig
 
     p = bench.add_parser(
         "checkpoints", help="DP checkpoint placement vs baselines; resume vs full prefill",
@@ -29,8 +29,8 @@ def register(top: argparse._SubParsersAction, bench: argparse._SubParsersAction)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bench import METHODS, CheckpointBenchConfig, planner_rows, planner_speed, planner_summary, table_rows
-    from .bench_model import model_rows, model_summary
+    from ..bench.checkpoints import METHODS, CheckpointBenchConfig, planner_rows, planner_speed, planner_summary, table_rows
+    from ..bench.checkpoints_model import model_rows, model_summary
 
     cfg = load(CheckpointBenchConfig, args.config, args.set)
     rng = np.random.default_rng(cfg.seed)
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
               f"{ms['load_ms_mean']:.3f} ms ({ms['state_bytes']} bytes); "
               f"resumed == full prefill bit for bit: {ms['all_exact']}")
     if args.png:
-        from .plot import plot_reduction
+        from ..checkpoints.plot import plot_reduction
         plot_reduction(rows, args.png, METHODS)
         print(f"\nplot: {args.png}")
     if args.json:

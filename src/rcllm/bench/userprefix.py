@@ -19,10 +19,10 @@ from typing import Any, Callable
 import torch
 
 from ..report import markdown_table
-from .append import append_prefix, kv_drift
-from .kv import PrefixKV, StoredKV
-from .scoring import compute_prefix, score_batched, score_independent
-from .workload import long_history, pointwise_prompt, sample_candidates, synthetic_dataset
+from ..userprefix.append import append_prefix, kv_drift
+from ..userprefix.kv import PrefixKV, StoredKV
+from ..userprefix.scoring import compute_prefix, score_batched, score_independent
+from .userprefix_workload import long_history, pointwise_prompt, sample_candidates, synthetic_dataset
 
 COLUMNS = ("candidates", "suffix_tokens", "batched_ms", "independent_ms_per_forward",
            "independent_ms", "speedup", "speedup_cold", "max_abs_diff")

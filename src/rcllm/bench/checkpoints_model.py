@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bench import CheckpointBenchConfig, history_for, schedule_for
-from .distributions import sample_depths, workload
-from .model import RecurrentConfig, RecurrentLM
-from .resume import capture, resume
-from .store import CheckpointStore, PrefixId
+from .checkpoints import CheckpointBenchConfig, history_for, schedule_for
+from ..checkpoints.distributions import sample_depths, workload
+from ..checkpoints.model import RecurrentConfig, RecurrentLM
+from ..checkpoints.resume import capture, resume
+from ..checkpoints.store import CheckpointStore, PrefixId
 
 
 def _timed(fn):

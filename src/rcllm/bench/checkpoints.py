@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import RcllmError
-from .baselines import BASELINES, block
-from .distributions import WORKLOADS, overlap_histogram, sample_depths, workload
-from .planner import expected_depth, expected_recompute, plan_budgets, plan_optimal
+from ..checkpoints.baselines import BASELINES, block
+from ..checkpoints.distributions import WORKLOADS, overlap_histogram, sample_depths, workload
+from ..checkpoints.planner import expected_depth, expected_recompute, plan_budgets, plan_optimal
 
 METHODS = ("dp", "dp_oracle", "balanced", "block", "log", "sqrt")
 

@@ -15,8 +15,8 @@ from ..report import markdown_table, write_report
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, run
-    from .redis_server import RedisServer, redis_server_path
+    from ..bench.kvstore import BenchConfig, run
+    from ..kvstore.redis_server import RedisServer, redis_server_path
 
     cfg = BenchConfig(layers=args.layers, kv_heads=args.kv_heads, head_dim=args.head_dim,
                       tokens=args.tokens, entries=args.entries,

@@ -9,7 +9,7 @@ import argparse
 
 
 def register(top, bench) -> None:
-    from ..commands.common import add_engine_options
+    from .common import add_engine_options
 
     p = bench.add_parser("userprefix", help="batched candidates over a cached user prefix vs "
                          "independent forwards", formatter_class=argparse.RawTextHelpFormatter)
@@ -45,11 +45,11 @@ def register(top, bench) -> None:
 
 
 def run(args) -> int:
-    from ..commands.common import engine_config
+    from .common import engine_config
     from ..errors import RcllmError
     from ..model.loading import load_model
     from ..report import write_report
-    from .bench import run_bench
+    from ..bench.userprefix import run_bench
 
     counts = [int(x) for x in args.candidates.split(",") if x.strip()]
     if not counts or min(counts) < 1 or args.independent < 1 or args.append_entries < 1:
@@ -70,7 +70,7 @@ def run_relay(args) -> int:
     from dataclasses import replace
 
     from ..report import markdown_table, write_report
-    from .relay_sim import SimParams, longest_sequence, max_rate, user_lengths
+    from ..userprefix.relay_sim import SimParams, longest_sequence, max_rate, user_lengths
 
     p = replace(SimParams(), instances=args.instances, requests=args.requests,
                 per_token_ms=args.per_token_ms, per_candidate_ms=args.per_candidate_ms,
