@@ -15,7 +15,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rcllm.errors import RcllmError
 
@@ -105,6 +105,39 @@ def find_file(folder: Path, names: list[str], what: str) -> Path:
         if (folder / name).is_file():
             return folder / name
     raise RcllmError(f"{what} not found in {folder}: tried {', '.join(names)}")
+
+
+def data_files(path: str, source: str, reviews_in: Callable[[str | None], list[str]],
+               side_path: str | None, side_label: str,
+               side_in: Callable[[Path], tuple[list[str], str]],
+               option: tuple[str, str | None, str] | None = None) -> tuple[Path, Path]:
+    """The review file and its side file (item metadata, books, businesses) of a data set.
+
+    `path` is a folder or a review file. In a folder the review file is one of
+    `reviews_in(value)`, where `option` = (name, value, example) is the option that names it
+    (a category, a genre; RcllmError when a folder is given without it). The side file is
+    `side_path` when given (RcllmError "<side_label> not found" when it is not a file), else the
+    first of `side_in(reviews)` = (names, what) found beside the review file."""
+    p = Path(path)
+    if p.is_dir():
+        if option is not None and not option[1]:
+            raise RcllmError(f"{p} is a folder: pass the {option[0]} option (e.g. "
+                             f"{option[0]}={option[2]!r}) or a review file")
+        value = option[1] if option is not None else None
+        reviews = find_file(p, reviews_in(value), f"{value} review file" if value
+                            else f"{source} review file")
+    elif p.is_file():
+        reviews = p
+    else:
+        raise RcllmError(f"{source} data not found: {p}")
+    if side_path:
+        side = Path(side_path)
+        if not side.is_file():
+            raise RcllmError(f"{side_label} not found: {side}")
+    else:
+        names, what = side_in(reviews)
+        side = find_file(reviews.parent, names, what)
+    return reviews, side
 
 
 def first_sentence(text: str, max_words: int = 12) -> str:

@@ -29,33 +29,23 @@ from rcllm.errors import RcllmError
 from rcllm.records import Dataset, Item, ItemId
 
 from ._builder import DatasetBuilder
-from ._common import (as_float, check_on_error, clean_text, find_file, first_sentence,
+from ._common import (as_float, check_on_error, clean_text, data_files, first_sentence,
                       iter_json_lines, text_list, truncate_words)
 
 log = logging.getLogger(__name__)
 
 
 def _files(path: str, category: str | None, meta_path: str | None) -> tuple[Path, Path, str]:
-    p = Path(path)
-    if p.is_dir():
-        if not category:
-            raise RcllmError(f"{p} is a folder: pass the category option (e.g. "
-                             f"category='Magazine_Subscriptions') or a review file")
-        reviews = find_file(p, [f"{category}_5.json", f"{category}_5.json.gz", f"{category}.json",
-                                f"{category}.json.gz"], f"{category} review file")
-    elif p.is_file():
-        reviews = p
-        category = category or p.name.split(".")[0].removesuffix("_5")
-    else:
-        raise RcllmError(f"Amazon 2018 data not found: {p}")
-    if meta_path:
-        meta = Path(meta_path)
-        if not meta.is_file():
-            raise RcllmError(f"metadata file not found: {meta}")
-    else:
-        meta = find_file(reviews.parent, [f"meta_{category}.json", f"meta_{category}.json.gz"],
-                         f"metadata for {category}")
-    return reviews, meta, category
+    def cat(reviews: Path) -> str:  # a review file given alone names its category
+        return category or reviews.name.split(".")[0].removesuffix("_5")
+
+    reviews, meta = data_files(
+        path, "Amazon 2018",
+        lambda c: [f"{c}_5.json", f"{c}_5.json.gz", f"{c}.json", f"{c}.json.gz"],
+        meta_path, "metadata file",
+        lambda r: ([f"meta_{cat(r)}.json", f"meta_{cat(r)}.json.gz"], f"metadata for {cat(r)}"),
+        ("category", category, "Magazine_Subscriptions"))
+    return reviews, meta, cat(reviews)
 
 
 def item_from_meta(row: dict, max_description_words: int | None) -> Item:

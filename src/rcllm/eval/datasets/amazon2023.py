@@ -22,30 +22,19 @@ from rcllm.errors import RcllmError
 from rcllm.records import Dataset, Item, ItemId
 
 from ._builder import DatasetBuilder
-from ._common import (as_float, check_on_error, clean_text, find_file, first_sentence,
+from ._common import (as_float, check_on_error, clean_text, data_files, first_sentence,
                       iter_json_lines, text_list, truncate_words)
 
 
 def _files(path: str, category: str | None, meta_path: str | None) -> tuple[Path, Path, str]:
-    p = Path(path)
-    if p.is_dir():
-        if not category:
-            raise RcllmError(f"{p} is a folder: pass the category option (e.g. "
-                             f"category='All_Beauty') or a review file")
-        reviews = find_file(p, [f"{category}.jsonl", f"{category}.jsonl.gz"],
-                            f"{category} review file")
-    elif p.is_file():
-        reviews, category = p, category or p.name.split(".")[0]
-    else:
-        raise RcllmError(f"Amazon 2023 data not found: {p}")
-    if meta_path:
-        meta = Path(meta_path)
-        if not meta.is_file():
-            raise RcllmError(f"metadata file not found: {meta}")
-    else:
-        meta = find_file(reviews.parent, [f"meta_{category}.jsonl", f"meta_{category}.jsonl.gz"],
-                         f"metadata for {category}")
-    return reviews, meta, category
+    def cat(reviews: Path) -> str:  # a review file given alone names its category
+        return category or reviews.name.split(".")[0]
+
+    reviews, meta = data_files(
+        path, "Amazon 2023", lambda c: [f"{c}.jsonl", f"{c}.jsonl.gz"], meta_path, "metadata file",
+        lambda r: ([f"meta_{cat(r)}.jsonl", f"meta_{cat(r)}.jsonl.gz"], f"metadata for {cat(r)}"),
+        ("category", category, "All_Beauty"))
+    return reviews, meta, cat(reviews)
 
 
 def _item(row: dict, item_id: str, max_description_words: int | None) -> Item:

@@ -25,7 +25,7 @@ from rcllm.errors import RcllmError
 from rcllm.records import Dataset, Item, ItemId
 
 from ._builder import DatasetBuilder
-from ._common import as_float, check_on_error, clean_text, find_file, iter_json_lines, truncate_words
+from ._common import as_float, check_on_error, clean_text, data_files, iter_json_lines, truncate_words
 
 _STATUS_SHELVES = frozenset({"to-read", "currently-reading", "favorites", "owned", "books-i-own",
                              "owned-books", "default", "my-books", "library", "wish-list",
@@ -33,26 +33,13 @@ _STATUS_SHELVES = frozenset({"to-read", "currently-reading", "favorites", "owned
 
 
 def _files(path: str, genre: str | None, books_path: str | None) -> tuple[Path, Path]:
-    p = Path(path)
-    if p.is_dir():
-        if not genre:
-            raise RcllmError(f"{p} is a folder: pass the genre option (e.g. genre='poetry') "
-                             f"or a review file")
-        reviews = find_file(p, [f"goodreads_reviews_{genre}.json",
-                                f"goodreads_reviews_{genre}.json.gz"], f"{genre} review file")
-    elif p.is_file():
-        reviews = p
-    else:
-        raise RcllmError(f"Goodreads data not found: {p}")
-    if books_path:
-        books = Path(books_path)
-        if not books.is_file():
-            raise RcllmError(f"Goodreads books file not found: {books}")
-    else:
+    def books(reviews: Path) -> tuple[list[str], str]:
         name = reviews.name.replace("reviews", "books")
-        books = find_file(reviews.parent, [name] if name != reviews.name else [],
-                          "Goodreads books file (pass books_path)")
-    return reviews, books
+        return [name] if name != reviews.name else [], "Goodreads books file (pass books_path)"
+
+    return data_files(path, "Goodreads", lambda g: [f"goodreads_reviews_{g}.json",
+                                                    f"goodreads_reviews_{g}.json.gz"],
+                      books_path, "Goodreads books file", books, ("genre", genre, "poetry"))
 
 
 def parse_goodreads_date(value: str) -> int | None:

@@ -24,7 +24,7 @@ from rcllm.errors import RcllmError
 from rcllm.records import Dataset, Item, ItemId
 
 from ._builder import DatasetBuilder
-from ._common import as_float, check_on_error, clean_text, find_file, iter_json_lines, truncate_words
+from ._common import as_float, check_on_error, clean_text, data_files, iter_json_lines, truncate_words
 
 _REVIEWS = ["yelp_academic_dataset_review.json", "review.json",
             "yelp_academic_dataset_review.json.gz", "review.json.gz"]
@@ -33,20 +33,8 @@ _BUSINESS = ["yelp_academic_dataset_business.json", "business.json",
 
 
 def _files(path: str, business_path: str | None) -> tuple[Path, Path]:
-    p = Path(path)
-    if p.is_dir():
-        reviews = find_file(p, _REVIEWS, "Yelp review file")
-    elif p.is_file():
-        reviews = p
-    else:
-        raise RcllmError(f"Yelp data not found: {p}")
-    if business_path:
-        business = Path(business_path)
-        if not business.is_file():
-            raise RcllmError(f"Yelp business file not found: {business}")
-    else:
-        business = find_file(reviews.parent, _BUSINESS, "Yelp business file")
-    return reviews, business
+    return data_files(path, "Yelp", lambda _: _REVIEWS, business_path, "Yelp business file",
+                      lambda _: (_BUSINESS, "Yelp business file"))
 
 
 def parse_date(value: str) -> int | None:
