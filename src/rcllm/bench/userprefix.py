@@ -38,6 +38,17 @@ def _timed(fn: Callable[[], Any], repeats: int = 1) -> tuple[Any, float]:
     return out, statistics.median(times)
 
 
+def _append_drift(model, prompt, user, history, kv: PrefixKV, entries: int):
+    """The last `entries` history entries appended to the user side of the rest: its drift
+    from the prefix computed whole, and the append's time."""
+    # causal attention: the first N' slots of the full prefix *are* the shorter history's KV
+    old_tokens = len(prompt.user_side(user, history[:-entries]).ids)
+    base = PrefixKV(kv.k[:, :, :old_tokens], kv.v[:, :, :old_tokens])
+    appended, append_ms = _timed(lambda: append_prefix(model, base, prompt.history_ids(
+        history[-entries:])))
+    return kv_drift(appended, kv), append_ms
+
+
 def run_bench(loaded, counts: list[int], prefix_tokens: int, independent: int, repeats: int,
               append_entries: int, seed: int) -> tuple[list[dict], dict]:
     model = loaded.model
@@ -73,12 +84,7 @@ def run_bench(loaded, counts: list[int], prefix_tokens: int, independent: int, r
         print(f"C={c}: batched {ms:.0f} ms, {c} independent ≈ {c * per_forward_ms:.0f} ms "
               f"(×{c * per_forward_ms / ms:.1f}), max |Δscore| {diff:.2e}", flush=True)
 
-    # causal attention: the first N' slots of the full prefix *are* the shorter history's KV
-    old_tokens = len(prompt.user_side(user, history[:-append_entries]).ids)
-    base = PrefixKV(kv.k[:, :, :old_tokens], kv.v[:, :, :old_tokens])
-    appended, append_ms = _timed(lambda: append_prefix(model, base, prompt.history_ids(
-        history[-append_entries:])))
-    drift = kv_drift(appended, kv)
+    drift, append_ms = _append_drift(model, prompt, user, history, kv, append_entries)
     stored = StoredKV.of(kv, int8=True)
     c8 = min(counts)
     q8 = score_batched(model, stored.load(model.dtype, model.device), suffixes[:c8], yes, no)

@@ -62,8 +62,6 @@ def _ratios(text: str) -> list[float]:
 
 
 def run(args) -> int:
-    import dataclasses
-
     import torch
 
     from ..bench import shapes as sh
@@ -94,20 +92,7 @@ def run(args) -> int:
     rows, exact = sh.measure(model, tokens, sh.variants(ratios), args.repeats, args.warmup,
                              args.seed, log)
     profile, fit_err = sh.fit_profile(rows, shape, model, label)
-    summary = {
-        "shape": {**dataclasses.asdict(shape.spec), "vocab": shape.vocab}, "device": label, "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads() if device.type == "cpu" else None,
-        # whether the prefill needed the model dtype as default (bench.shapes.timed_prefill)
-        "default_dtype_workaround": any(e["default_dtype_workaround"] for e in exact.values()),
-        "model_build_s": build_s, "wall_s": time.perf_counter() - t0,
-        "exactness": {str(n): e for n, e in exact.items()},
-        "exact_max_abs_diff": max(e["rcllm"]["max_abs_diff"] for e in exact.values()),
-        "profile": dataclasses.asdict(profile), "profile_fit_median_rel_err": fit_err}
-    for r in rows:
-        if r["method"] == "rcllm":
-            key = f"rcllm_{r['item_ratio']:g}_{r['history_ratio']:g}_speedup_vs_full_{r['tokens']}"
-            summary[key] = r["speedup_vs_full"]
+    summary = _summary(shape, label, dtype, device, build_s, t0, exact, rows, profile, fit_err)
     print(f"\nexactness (rcllm 1.0/1.0 vs full, last hidden): max |diff| "
           f"{summary['exact_max_abs_diff']:.3g}")
     print(f"fitted profile {profile.name}: fixed {profile.fixed_ms:.3g} ms, "
@@ -124,3 +109,26 @@ def run(args) -> int:
     if args.json:
         write_report(args.json, "bench_shapes", config, rows, summary)
     return 0
+
+
+def _summary(shape, label, dtype, device, build_s, t0, exact, rows, profile, fit_err) -> dict:
+    """The JSON summary: the run's setting, exactness, the fitted profile and the speed-ups."""
+    import dataclasses
+
+    import torch
+
+    summary = {
+        "shape": {**dataclasses.asdict(shape.spec), "vocab": shape.vocab}, "device": label,
+        "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__,
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        # whether the prefill needed the model dtype as default (bench.shapes.timed_prefill)
+        "default_dtype_workaround": any(e["default_dtype_workaround"] for e in exact.values()),
+        "model_build_s": build_s, "wall_s": time.perf_counter() - t0,
+        "exactness": {str(n): e for n, e in exact.items()},
+        "exact_max_abs_diff": max(e["rcllm"]["max_abs_diff"] for e in exact.values()),
+        "profile": dataclasses.asdict(profile), "profile_fit_median_rel_err": fit_err}
+    for r in rows:
+        if r["method"] == "rcllm":
+            key = f"rcllm_{r['item_ratio']:g}_{r['history_ratio']:g}_speedup_vs_full_{r['tokens']}"
+            summary[key] = r["speedup_vs_full"]
+    return summary

@@ -56,8 +56,38 @@ def register(top, bench) -> None:
 
 def run(args) -> int:
     from ..bench.ttft import prepare_caches
-    from ..eval.protocol import split_users
     from ..eval.runner import evaluate
+
+    if args.permutations < 1:  # checked before anything loads
+        raise RcllmError("--permutations must be >= 1")
+    cfg, part, adapter = _settings(args)
+    variants = parse_methods(args.methods, args.item_ratio, args.history_ratio)
+    grid = [float(x) for x in args.grid.split(",")] if args.grid else []
+    variants += [Variant("rcllm", i, h) for i in grid for h in grid
+                 if Variant("rcllm", i, h) not in variants]
+    ds, cases = load_workload(args, users=None if args.users == "all" else part(args.users))
+    print(f"workload: {ds.name}, {len(cases)} requests ({args.users} users); scorer {args.scorer}")
+    engine = make_engine(args, ds, scorer=args.scorer, cfg=cfg)
+    prepare_caches(engine, cases, 0, progress=True)
+    rows = evaluate(engine, cases, variants, seed=args.seed, progress=True,
+                    permutations=args.permutations)
+    if args.baselines:
+        from ..eval.baselines import baseline_rows
+
+        # baselines may count the training users' whole sequences only when those are not the
+        # users evaluated (their last items are then targets)
+        known_full = (part("train")(ds) if args.users in ("validation", "test", "heldout")
+                      else ())
+        rows += baseline_rows(ds, cases, known_full, seed=args.seed)
+    print(markdown_table(rows, COLUMNS))
+    _outputs(args, cfg, adapter, rows, grid, engine, ds, cases, variants)
+    return 0
+
+
+def _settings(args):
+    """The engine config (an adapter's prompt settings when one is given), the user split's
+    parts by name, and the adapter. Sets args.scorer (the adapter's, unless given)."""
+    from ..eval.protocol import split_users
 
     cfg = engine_config(args)
     fractions, split_seed = DEFAULT_SPLIT
@@ -70,33 +100,17 @@ def run(args) -> int:
         scorer = args.scorer or trained_scorer(adapter)
         print(f"adapter {adapter}: prompt settings {cfg.prompt}")
     args.scorer = scorer
-    variants = parse_methods(args.methods, args.item_ratio, args.history_ratio)
-    grid = [float(x) for x in args.grid.split(",")] if args.grid else []
-    variants += [Variant("rcllm", i, h) for i in grid for h in grid
-                 if Variant("rcllm", i, h) not in variants]
 
     def part(name: str):
         if name == "heldout":
             return lambda d: [u for p in split_users(d, fractions, split_seed)[1:] for u in p]
         return lambda d: split_users(d, fractions, split_seed)[SPLIT_PARTS.index(name)]
 
-    ds, cases = load_workload(args, users=None if args.users == "all" else part(args.users))
-    print(f"workload: {ds.name}, {len(cases)} requests ({args.users} users); scorer {args.scorer}")
-    engine = make_engine(args, ds, scorer=args.scorer, cfg=cfg)
-    prepare_caches(engine, cases, 0, progress=True)
-    if args.permutations < 1:
-        raise RcllmError("--permutations must be >= 1")
-    rows = evaluate(engine, cases, variants, seed=args.seed, progress=True,
-                    permutations=args.permutations)
-    if args.baselines:
-        from ..eval.baselines import baseline_rows
+    return cfg, part, adapter
 
-        # baselines may count the training users' whole sequences only when those are not the
-        # users evaluated (their last items are then targets)
-        known_full = (part("train")(ds) if args.users in ("validation", "test", "heldout")
-                      else ())
-        rows += baseline_rows(ds, cases, known_full, seed=args.seed)
-    print(markdown_table(rows, COLUMNS))
+
+def _outputs(args, cfg, adapter, rows, grid, engine, ds, cases, variants) -> None:
+    """The plots, the static HTML report and the JSON report, as asked."""
     plots = args.plots or args.html
     if plots:
         _plots(plots, rows, grid)
@@ -116,7 +130,6 @@ def run(args) -> int:
                                          "baselines": args.baselines}, rows,
                      {"requests": len(cases), "dataset": ds.name, "skipped": ds.skipped})
         print(f"wrote {args.json}")
-    return 0
 
 
 def _plots(folder: str, rows: list[dict], grid: list[float]) -> None:

@@ -122,44 +122,15 @@ class PrototypeLibrary:
               opts: BuildOptions = BuildOptions(), progress: bool = False) -> "PrototypeLibrary":
         """Builds a library from review chunks (token ids as the prompt builder makes them),
         their KV from `builder` (the engine's `chunks`)."""
-        import faiss
-        from tqdm import tqdm
-
         opts.validate()
         chunks = [tuple(c) for c in dict.fromkeys(tuple(c) for c in chunks) if len(c)]
         if not chunks:
             raise RcllmError("no review text to build prototypes from")
-        model, dev = builder.model, builder.model.device
-        ctx0 = builder.context_layer0("history")
-        states, where = [], []
-        for ci, ids in enumerate(tqdm(chunks, desc="first-layer states", unit="review",
-                                      disable=not progress)):
-            states.append(first_layer_states(model, torch.tensor(ids, device=dev), ctx0).float().cpu())
-            where += [(ci, off) for off in range(len(ids))]
-        allh = torch.cat(states)
-        mean, std = allh.mean(0), allh.std(0).clamp_min(1e-6)
+        emb, where, mean, std = _token_embeddings(builder, chunks, opts, progress)
         where_t = torch.tensor(where, dtype=torch.long)
-        emb = embed_tokens(allh, where_t[:, 1], mean, std, opts.position_weight)
-        del allh, states
-        # LSH buckets: random rotation + one sign bit per dimension of the code
-        lsh = faiss.IndexLSH(emb.shape[1], opts.nbits, True, False)
-        rng = np.random.default_rng(opts.seed)
-        sample = emb.numpy()[rng.permutation(len(emb))[: 65536]]
-        lsh.train(np.ascontiguousarray(sample))
-        codes = lsh.sa_encode(np.ascontiguousarray(emb.numpy()))
-        lsh_bytes = torch.from_numpy(np.asarray(faiss.serialize_index(lsh), dtype=np.uint8).copy())
-        _, bucket, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
-        bucket = torch.from_numpy(bucket.reshape(-1).astype(np.int64))
+        codes, lsh_bytes, counts, rep_of_bucket = _buckets(emb, opts)
         nb = int(counts.shape[0])
-        centroid = torch.zeros(nb, emb.shape[1]).index_add_(0, bucket, emb)
-        centroid = centroid / centroid.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        score = (emb * centroid[bucket]).sum(1)
-        best = torch.full((nb,), -2.0).scatter_reduce(0, bucket, score, "amax")
-        is_rep = score >= best[bucket]
-        rep_of_bucket = torch.full((nb,), -1, dtype=torch.long)
-        rep_idx = torch.nonzero(is_rep).squeeze(1)
-        rep_of_bucket[bucket[rep_idx].flip(0)] = rep_idx.flip(0)  # first member on ties
-        a = model.arch
+        a = builder.model.arch
         per_proto = 2 * a.num_layers * a.num_kv_heads * a.head_dim * (2 if opts.dtype == "float16" else 4)
         keep = min(opts.max_prototypes, opts.max_bytes // per_proto, nb)
         if keep < 1:
@@ -168,20 +139,8 @@ class PrototypeLibrary:
         protos = rep_of_bucket[order]                                   # token rows
         dtype = torch.float16 if opts.dtype == "float16" else torch.float32
         shape = (keep, a.num_layers, a.num_kv_heads, a.head_dim)
-        k_out, v_out = torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)
-        token_ids = torch.empty(keep, dtype=torch.long)
-        by_chunk: dict[int, list[tuple[int, int]]] = {}
-        for slot, row in enumerate(protos.tolist()):
-            ci, off = where[row]
-            by_chunk.setdefault(ci, []).append((slot, off))
-            token_ids[slot] = chunks[ci][off]
-        for ci, members in tqdm(sorted(by_chunk.items()), desc="prototype KV", unit="review",
-                                disable=not progress):
-            kv = builder.compute("history", chunks[ci])
-            slots = torch.tensor([s for s, _ in members])
-            offs = torch.tensor([o for _, o in members])
-            k_out[slots] = kv.k[:, :, offs].permute(2, 0, 1, 3).to(dtype).cpu()
-            v_out[slots] = kv.v[:, :, offs].permute(2, 0, 1, 3).to(dtype).cpu()
+        k_out, v_out, token_ids = _prototype_kv(builder, chunks, where, protos.tolist(),
+                                                torch.empty(shape, dtype=dtype), progress)
         tensors = {"k": k_out, "v": v_out, "emb": emb[protos].contiguous(),
                    "token_ids": token_ids, "offsets": where_t[protos, 1].contiguous(),
                    "counts": torch.from_numpy(counts[order.numpy()].astype(np.int64)),
@@ -298,3 +257,71 @@ class PrototypeLibrary:
                 "corpus_tokens": int(self.meta["corpus_tokens"]),
                 "buckets": int(self.meta["buckets"]),
                 "options": json.loads(self.meta["options"])}
+
+
+def _token_embeddings(builder: ChunkBuilder, chunks: list[tuple[int, ...]], opts: BuildOptions,
+                      progress: bool):
+    """Every corpus token's embedding [T, e] (its first-layer state, normalised, with its
+    position code), where it sits ((chunk, offset) per token) and the states' mean and std."""
+    from tqdm import tqdm
+
+    model, dev = builder.model, builder.model.device
+    ctx0 = builder.context_layer0("history")
+    states, where = [], []
+    for ci, ids in enumerate(tqdm(chunks, desc="first-layer states", unit="review",
+                                  disable=not progress)):
+        states.append(first_layer_states(model, torch.tensor(ids, device=dev), ctx0).float().cpu())
+        where += [(ci, off) for off in range(len(ids))]
+    allh = torch.cat(states)
+    mean, std = allh.mean(0), allh.std(0).clamp_min(1e-6)
+    offsets = torch.tensor([off for _, off in where], dtype=torch.long)
+    return embed_tokens(allh, offsets, mean, std, opts.position_weight), where, mean, std
+
+
+def _buckets(emb: torch.Tensor, opts: BuildOptions):
+    """LSH buckets of the embeddings (a random rotation and one sign bit per code dimension):
+    each token's code, the serialised index, each bucket's size, and its representative (the
+    token closest to the bucket's centroid, the first on ties)."""
+    import faiss
+
+    lsh = faiss.IndexLSH(emb.shape[1], opts.nbits, True, False)
+    rng = np.random.default_rng(opts.seed)
+    sample = emb.numpy()[rng.permutation(len(emb))[: 65536]]
+    lsh.train(np.ascontiguousarray(sample))
+    codes = lsh.sa_encode(np.ascontiguousarray(emb.numpy()))
+    lsh_bytes = torch.from_numpy(np.asarray(faiss.serialize_index(lsh), dtype=np.uint8).copy())
+    _, bucket, counts = np.unique(codes, axis=0, return_inverse=True, return_counts=True)
+    bucket = torch.from_numpy(bucket.reshape(-1).astype(np.int64))
+    nb = int(counts.shape[0])
+    centroid = torch.zeros(nb, emb.shape[1]).index_add_(0, bucket, emb)
+    centroid = centroid / centroid.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    score = (emb * centroid[bucket]).sum(1)
+    best = torch.full((nb,), -2.0).scatter_reduce(0, bucket, score, "amax")
+    is_rep = score >= best[bucket]
+    rep_of_bucket = torch.full((nb,), -1, dtype=torch.long)
+    rep_idx = torch.nonzero(is_rep).squeeze(1)
+    rep_of_bucket[bucket[rep_idx].flip(0)] = rep_idx.flip(0)  # first member on ties
+    return codes, lsh_bytes, counts, rep_of_bucket
+
+
+def _prototype_kv(builder: ChunkBuilder, chunks: list[tuple[int, ...]], where: list,
+                  rows: list[int], empty: torch.Tensor, progress: bool):
+    """The prototypes' K and V [P, L, H_kv, D] (like `empty`) and token ids [P]: each taken
+    from its review's chunk KV, one chunk pass per review that holds prototypes."""
+    from tqdm import tqdm
+
+    k_out, v_out = empty, empty.clone()
+    token_ids = torch.empty(len(rows), dtype=torch.long)
+    by_chunk: dict[int, list[tuple[int, int]]] = {}
+    for slot, row in enumerate(rows):
+        ci, off = where[row]
+        by_chunk.setdefault(ci, []).append((slot, off))
+        token_ids[slot] = chunks[ci][off]
+    for ci, members in tqdm(sorted(by_chunk.items()), desc="prototype KV", unit="review",
+                            disable=not progress):
+        kv = builder.compute("history", chunks[ci])
+        slots = torch.tensor([s for s, _ in members])
+        offs = torch.tensor([o for _, o in members])
+        k_out[slots] = kv.k[:, :, offs].permute(2, 0, 1, 3).to(empty.dtype).cpu()
+        v_out[slots] = kv.v[:, :, offs].permute(2, 0, 1, 3).to(empty.dtype).cpu()
+    return k_out, v_out, token_ids

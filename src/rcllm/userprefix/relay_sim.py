@@ -63,6 +63,22 @@ class _Inst:
     pre_jobs: int = 0
 
 
+def _next_job(p: SimParams, inst: _Inst, reqs: list) -> tuple[float, tuple[str, int]] | None:
+    """An idle instance's next job and its cost (ms): a ranking first (with its user side
+    computed in the request unless a prewarm finished), else a queued prewarm; None when idle."""
+    if inst.rank_q:
+        i = inst.rank_q.popleft()
+        cost = p.fixed_ms + p.per_candidate_ms * p.candidates
+        if reqs[i].pre != "done":
+            cost += p.per_token_ms * reqs[i].tokens
+        return cost, ("rank", i)
+    if inst.pre_q:
+        i = inst.pre_q.popleft()
+        reqs[i].pre = "running"
+        return p.per_token_ms * reqs[i].tokens, ("pre", i)
+    return None
+
+
 def simulate(p: SimParams, rate_per_s: float, tokens: np.ndarray, relay: bool) -> np.ndarray:
     """Ranking latencies (ms) of len(tokens) requests arriving as a Poisson process."""
     rng = np.random.default_rng(p.seed)
@@ -76,29 +92,13 @@ def simulate(p: SimParams, rate_per_s: float, tokens: np.ndarray, relay: bool) -
         heapq.heappush(heap, (r.arrival_ms, ARRIVAL, i))
         if relay:
             heapq.heappush(heap, (max(0.0, r.arrival_ms - p.lead_ms), PREWARM, i))
-    seq = len(reqs)
 
     def start(now: float, k: int) -> None:
-        nonlocal seq
         inst = insts[k]
-        if inst.busy:
-            return
-        if inst.rank_q:
-            i = inst.rank_q.popleft()
-            r = reqs[i]
-            cost = p.fixed_ms + p.per_candidate_ms * p.candidates
-            if r.pre != "done":
-                cost += p.per_token_ms * r.tokens
-            job = ("rank", i)
-        elif inst.pre_q:
-            i = inst.pre_q.popleft()
-            reqs[i].pre = "running"
-            cost, job = p.per_token_ms * reqs[i].tokens, ("pre", i)
-        else:
-            return
-        inst.busy = True
-        seq += 1
-        heapq.heappush(heap, (now + cost, DONE, (k, job)))
+        nxt = None if inst.busy else _next_job(p, inst, reqs)
+        if nxt is not None:
+            inst.busy = True
+            heapq.heappush(heap, (now + nxt[0], DONE, (k, nxt[1])))
 
     while heap:
         now, kind, payload = heapq.heappop(heap)
