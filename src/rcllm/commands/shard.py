@@ -1,5 +1,5 @@
 """`rcllm shard` (placement of one catalogue over K instances) and `rcllm bench shard`
-(METIS vs random vs hash hit rates). Report schemas: docs/catalog.md."""
+(METIS vs random vs hash hit rates). Report schemas: docs/sharding.md."""
 
 from __future__ import annotations
 

@@ -35,14 +35,9 @@ def default_kv_dir(cache_root: str | os.PathLike) -> Path:
 def engine_kinds(engine) -> tuple[str, ...]:
     """Every kind tag `engine` keys stored chunks under, for each chunk context a request may
     ask for (`reuse.chunk_context` is a per-request override)."""
-    tags: list[str] = []
-    tag_of = getattr(engine, "_kind_tag", None)
-    for kind in ENGINE_CHUNK_KINDS:
-        if tag_of is None:      # an engine without per-context tags: its configured one only
-            tags.append(engine.kind_tag(kind))
-            continue
-        for mode in CHUNK_CONTEXTS:
-            tags.append(tag_of(kind, dataclasses.replace(engine.cfg.reuse, chunk_context=mode)))
+    tags = [engine.chunks.kind_tag(kind, dataclasses.replace(engine.cfg.reuse,
+                                                             chunk_context=mode))
+            for kind in ENGINE_CHUNK_KINDS for mode in CHUNK_CONTEXTS]
     return tuple(dict.fromkeys(tags))
 
 

@@ -1,4 +1,4 @@
-"""Semantic history cache: LSH prototypes of review tokens with precomputed KV (docs/history.md)."""
+"""Semantic history cache: LSH prototypes of review tokens with precomputed KV (docs/prototypes.md)."""
 
 from .library import BuildOptions, Match, PrototypeLibrary
 
