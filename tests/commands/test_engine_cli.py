@@ -52,7 +52,10 @@ def test_bench_ttft_report_contract(tiny_model_dir, tmp_path, capsys):
     full = next(r for r in report["rows"] if r["method"] == "full")
     assert full["speedup_vs_full"] == 1.0 and full["recomputed_fraction"] == 1.0
     assert len(report["summary"]["requests"]) == 2 * len(report["rows"])
-    assert "| variant |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| variant |" in out
+    # no adapter: the output says the rankings are the untuned base model's
+    assert report["summary"]["untuned"] is True and "ranks untuned" in out
 
 
 def test_eval_report_has_references(tiny_model_dir, tmp_path):
@@ -101,6 +104,7 @@ def test_rank_one_request(tiny_model_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "method naive" in out
     assert all(c in out for c in cands)
+    assert "note: no adapter: the base model ranks untuned" in out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"user_id": "u"}))
     assert _run("rank", "--request", str(bad)).stderr.strip().endswith("missing field 'candidates'")

@@ -86,6 +86,10 @@ def _run(args, name: str) -> int:
     engine = make_engine(args, ds, scorer=scorer, cfg=cfg)
     print(f"model: {engine.loaded.source} ({engine.model.arch.model_type}, "
           f"{engine.model.arch.num_layers} layers, {cfg.model.dtype}, {cfg.model.device})")
+    if engine.untuned:
+        from ..engine import UNTUNED_NOTE
+
+        print(f"note: {UNTUNED_NOTE}")
     caches = prepare_caches(engine, cases, args.new_reviews, progress=True)
     variants = pointwise_variants() if scorer == "pointwise" else default_variants()
     if getattr(args, "compare_flat", False):
@@ -95,7 +99,7 @@ def _run(args, name: str) -> int:
     tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
     summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
                "candidate_source": args.candidate_source, "scorer": scorer,
-               "adapter": args.adapter,
+               "adapter": args.adapter, "untuned": engine.untuned,
                "retrieval_recall": retrieval_recall(cases), "wall_s": time.perf_counter() - t0}
     for row in rows:
         if row["method"] == "rcllm":
@@ -111,6 +115,9 @@ def _run(args, name: str) -> int:
           f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "
           f"computed on the spot; {summary['wall_s']:.0f} s")
     print_retrieval_recall(summary["retrieval_recall"])
+    if engine.untuned:  # said again under the table, where the top-1 columns are read
+        print("top-1 and KL compare each method with full on the same untuned model: fidelity, "
+              "not ranking quality")
     if args.json:
         config = {"engine": cfg, "data": args.data or "synthetic", "format": args.format,
                   "requests": args.requests, "candidates": args.candidates, "seed": args.seed,

@@ -103,4 +103,8 @@ def run(args) -> int:
                                          if corrupt else ""))
     for pos, item_id in enumerate(res.ranking, 1):
         print(f"{pos:2d}. {item_id}  {res.scores[item_id]:+.3f}  {ds.items[item_id].title[:70]}")
+    if engine.untuned:
+        from ..engine import UNTUNED_NOTE
+
+        print(f"note: {UNTUNED_NOTE}")
     return 0

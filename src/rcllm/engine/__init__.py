@@ -8,9 +8,9 @@
 """
 
 from ..config import REUSE_METHODS
-from .core import Engine
+from .core import UNTUNED_NOTE, Engine
 from .records import SOURCES, RankResult, RankStats
 from .scorers import SCORERS, Scorer, make_scorer
 
 __all__ = ["Engine", "RankResult", "RankStats", "REUSE_METHODS", "SCORERS", "SOURCES", "Scorer",
-           "make_scorer"]
+           "make_scorer", "UNTUNED_NOTE"]
