@@ -106,6 +106,14 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 
 
 def run(args) -> int:
+    from . import lifecycle
+
+    with lifecycle.stop_signals_exit():   # SIGTERM / SIGHUP: Redis and Ray stopped as on ^C
+        return _run(args)
+
+
+def _run(args) -> int:
+    from . import lifecycle
     from ..commands.common import load_workload, print_retrieval_recall
     from .app import create_app
     from ..eval.protocol import retrieval_recall
@@ -139,6 +147,7 @@ def run(args) -> int:
                               kv_encoding=args.kv_encoding)
             t0 = time.perf_counter()
             backend = RayBackend(spec, int(k), args.queue_size, policy)
+            lifecycle.install()          # ray.init put its own SIGTERM handler in place
             start_s = time.perf_counter() - t0
             running = start_in_thread(create_app(backend,
                                                  ServeSettings(queue_size=args.queue_size)))
