@@ -51,7 +51,7 @@ def register_bench(bench) -> None:
                    help="bodies sent before measuring (all = the whole workload once; "
                         "default 2)")
     p.add_argument("--fault-redis", action="store_true",
-                   help="phase: the workload again, Redis killed at 1/3 and restarted at 2/3 "
+                   help="phase: the workload again, Redis killed once 1/3 is answered, restarted at 2/3 "
                         "(needs --redis-local)")
     p.add_argument("--soak-s", type=float, default=0.0, metavar="S",
                    help="phase: S seconds at --soak-load x capacity, RSS of every server "
@@ -62,7 +62,7 @@ def register_bench(bench) -> None:
                         "fifth of --soak-s, at most 120 s); an instance that affinity kept "
                         "idle fills its bounded caches here")
     p.add_argument("--fault-instance", action="store_true",
-                   help="phase (last): the workload again, instance 0 killed at 1/3")
+                   help="phase (last): the workload again, instance 0 killed once 1/3 is answered")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     p.set_defaults(func=run)
 
@@ -113,7 +113,7 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from . import lifecycle
+    from . import lifecycle, phases
     from ..commands.common import load_workload, print_retrieval_recall
     from .app import create_app
     from ..eval.protocol import retrieval_recall
@@ -155,6 +155,10 @@ def _run(args) -> int:
                 if warm:
                     rows.append({"config": f"{k} x {policy}", "phase": "warm-up",
                                  **run_load(running.url, bodies[:warm], args.qps)})
+                    # steady measures the cache after warm-up: the warm-up's misses are built
+                    # behind its answers, so wait for them (on a busy machine they were not
+                    # all built yet when steady began, and it missed)
+                    phases.wait_for_builds(backend.store_stats)
                 for phase, res in _phases(args, backend, running.url, bodies, redis):
                     rows.append({"config": f"{k} x {policy}", "phase": phase,
                                  "start_s": start_s, **res})
