@@ -29,7 +29,9 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                    recomputed_fraction=st["recomputed_fraction"], hits=st["chunk_hits"],
                    lookups=st["chunk_hits"] + st["chunk_misses"],
                    fetched=st.get("fetched_items", 0),
-                   user_prefix=st.get("user_prefix", "off"))
+                   user_prefix=st.get("user_prefix", "off"), method=js.get("method"),
+                   context_tokens=st.get("tokens", 0),
+                   recomputed_tokens=st.get("recomputed_tokens", 0))
     return out
 
 

@@ -16,8 +16,8 @@ the cell before (`phases._redated`): each cell's history chunks and user sides a
 hit ratios come from the item shards, the item KV cached so far, and the users who repeat
 within the cell — never from an earlier cell's requests. One unmeasured warm-up pass (rcllm,
 in waves that are never refused) fills the item caches first, and a wave of each series'
-method takes torch's first calls at its shapes off the books; between cells the build-behind queue is
-drained, so a cell does not pay for the previous one's misses.
+method takes torch's first calls at its shapes off the books; between cells the build-behind
+queue is drained, so a cell does not pay for the previous one's misses.
 
 Per cell: TTFT as the client sees it (arrival to answer: the ranking is the first token; queue
 and HTTP included) P50/P90/P99 with a bootstrap 90% interval of P50 and P99, the engine's own
