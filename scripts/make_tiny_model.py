@@ -2,36 +2,37 @@
 tokenizer) as a model folder, for `--set model.path=DIR` in the serving benchmarks:
 
     python scripts/make_tiny_model.py /tmp/rcllm-tiny
+
+It runs the test suite's own `tiny_model_dir` fixture (tests/conftest.py), so the benchmarks'
+model is the tests' model by construction.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-def main(out: str) -> None:
-    from safetensors.torch import save_file
+class _Folder:
+    """Stands in for pytest's tmp_path_factory: `mktemp` gives the requested folder."""
 
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+
+    def mktemp(self, _name: str) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        return self.out
+
+
+def main(out: str) -> None:
+    import conftest
     from rcllm.config import ModelConfig
     from rcllm.model.loading import load_model
-    from tiny_models import tiny_hf_model
 
-    real = load_model(ModelConfig())
-    hf, cfg = tiny_hf_model("llama")
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in hf.state_dict().items() if k != "lm_head.weight"}
-    save_file(state, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(cfg))
-    for f in real.folder.glob("*"):
-        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
-            shutil.copy(f, folder / f.name)
-    print(folder)
+    fixture = getattr(conftest.tiny_model_dir, "__wrapped__", conftest.tiny_model_dir)
+    print(fixture(load_model(ModelConfig()), _Folder(out)))
 
 
 if __name__ == "__main__":
