@@ -32,6 +32,7 @@ engine time of `prefix` on the trace, measured at start (the simulator's `--load
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -198,6 +199,7 @@ def run_sweep(args) -> int:
     from .trace import review_trace
     from .views import UserResidency
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
     series = series_of(args.methods, args.policies, bool(args.adapter))
     rates = parse_rates(args.rates)
     if args.slo_ms <= 0:
