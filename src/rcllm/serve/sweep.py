@@ -222,7 +222,10 @@ def run_sweep(args) -> int:
         start_s = time.perf_counter() - t0
         running = start_in_thread(create_app(backend, ServeSettings(queue_size=args.queue_size)))
         try:
-            wave = args.instances * args.queue_size      # admitted at once, never a 429
+            # one request per instance at a time: never refused, and never queued long
+            # enough for the app's 120 s timeout however slow the machine (a wave of a whole
+            # queue per instance got 504s on a busy 2-core box)
+            wave = args.instances
             warm_fields = parse_method(POLICY_METHOD)[1]
             warm = _waves(running.url, [{**b, **warm_fields} for b in trace.bodies], wave)
             # each method's first requests (torch's first calls at its shapes) off the books
@@ -296,48 +299,59 @@ def write_outputs(report: dict, out: str) -> None:
                  f"capacity {report['capacity_rps']} rps; wall {report['wall_s']:.0f} s\n\n")
         fh.write(table + "\n")
     print(table)
-    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_methods.png"),
-               lambda c: c["policy"] == ("load-only" if c["method"] in ("full", "prefix")
-                                         else "affinity"),
+    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_methods.png"), method_cell,
                lambda c: c["method"], "TTFT against rate per method (served cluster)")
-    pname = parse_method(POLICY_METHOD)[0]
-    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_policies.png"),
-               lambda c: c["method"] == pname, lambda c: c["policy"],
-               f"TTFT against rate per routing policy ({pname})")
+    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_policies.png"), policy_cell,
+               lambda c: c["policy"],
+               f"TTFT against rate per routing policy ({parse_method(POLICY_METHOD)[0]})")
 
 
-def plot_sweep(cells: list[dict], path: str, keep, label, title: str,
+def method_cell(c: dict) -> bool:
+    """A cell of a method series (full/prefix load-only, the rest by affinity)."""
+    return c["policy"] == ("load-only" if c["method"] in ("full", "prefix") else "affinity")
+
+
+def policy_cell(c: dict) -> bool:
+    """A cell of the policy series (rcllm 0.3/0.3 under each policy)."""
+    return c["method"] == parse_method(POLICY_METHOD)[0]
+
+
+def draw_sweep(ax, cells: list[dict], keep, label, title: str,
                predicted: list[dict] | None = None) -> None:
-    """P50 (solid) and P99 (dashed) TTFT against rate, one colour per label; with
-    `predicted`, the simulator's cells (same keys) as hollow markers on dotted lines."""
-    import matplotlib
-    matplotlib.use("Agg")
+    """P50 (solid) and P99 (dashed) TTFT against rate on `ax`, one colour per label; with
+    `predicted` (the simulator's cells, same keys) hollow markers on dotted lines."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    names = sorted({label(c) for c in cells if keep(c)})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, name in enumerate(names):
-        mine = sorted((c for c in cells if keep(c) and label(c) == name),
-                      key=lambda c: c["rate_rps"])
+    for i, name in enumerate(sorted({label(c) for c in cells if keep(c)})):
         col = colours[i % len(colours)]
-        xs = [c["rate_rps"] for c in mine]
-        ax.plot(xs, [c["ttft_p50_ms"] for c in mine], "-o", color=col, label=f"{name} P50")
-        ax.plot(xs, [c["ttft_p99_ms"] for c in mine], "--s", color=col, label=f"{name} P99")
-        if predicted is not None:
-            sim = sorted((c for c in predicted if keep(c) and label(c) == name),
-                         key=lambda c: c["rate_rps"])
-            xs = [c["rate_rps"] for c in sim]
-            ax.plot(xs, [c["ttft_p50_ms"] for c in sim], ":o", color=col, mfc="none",
-                    label=f"{name} P50 sim")
-            ax.plot(xs, [c["ttft_p99_ms"] for c in sim], ":s", color=col, mfc="none",
-                    label=f"{name} P99 sim")
+        for src, style, suffix in ((cells, ("-o", "--s"), ""), (predicted, (":o", ":s"), " sim")):
+            if src is None:
+                continue
+            mine = sorted((c for c in src if keep(c) and label(c) == name),
+                          key=lambda c: c["rate_rps"])
+            xs = [c["rate_rps"] for c in mine]
+            hollow = {"mfc": "none"} if suffix else {}
+            ax.plot(xs, [c["ttft_p50_ms"] for c in mine], style[0], color=col,
+                    label=f"{name} P50{suffix}", **hollow)
+            ax.plot(xs, [c["ttft_p99_ms"] for c in mine], style[1], color=col,
+                    label=f"{name} P99{suffix}", **hollow)
     ax.set_yscale("log")
     ax.set_xlabel("request rate (requests/s)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def plot_sweep(cells: list[dict], path: str, keep, label, title: str) -> None:
+    """One panel of `draw_sweep` written to `path`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    draw_sweep(ax, cells, keep, label, title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

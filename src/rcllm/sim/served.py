@@ -135,6 +135,11 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                if rows else None,
                "median_p99_rel_err": float(np.median([r["p99_rel_err"] for r in rows]))
                if rows else None,
+               # > 1: the served engine ran slower than the fitted profile says, before any
+               # queueing (contention for the cores, the builder thread): not a queueing error
+               "median_engine_over_predicted_service": float(np.median(
+                   [r["measured_engine_p50_ms"] / r["predicted_service_p50_ms"] for r in rows]))
+               if rows else None,
                "target": 0.15, "profile": profile.name, "routing": routing,
                "overhead_ms": overhead_ms, "predicted": predicted}
     return rows, summary
@@ -144,7 +149,6 @@ def write_outputs(sweep: dict, rows: list[dict], summary: dict, profile: SpeedPr
                   out: str, config: dict) -> None:
     """sim_sweep.json, sim_sweep.md and sim_sweep.png (measured and predicted on one figure)."""
     from ..report import markdown_table
-    from ..serve.sweep import plot_sweep
 
     os.makedirs(out, exist_ok=True)
     report = {"name": "sim.sweep", "config": config, "rows": rows, "summary": summary,
@@ -159,7 +163,22 @@ def write_outputs(sweep: dict, rows: list[dict], summary: dict, profile: SpeedPr
         fh.write(f"# simulator vs served sweep ({summary['routing']} routing, profile "
                  f"{profile.name})\n\n{table}\n")
     print(table)
-    plot_sweep(sweep["cells"], os.path.join(out, "sim_sweep.png"), lambda c: True,
-               lambda c: c["series"], "served (filled) vs simulated (hollow) TTFT",
-               predicted=[{**p, "series": f"{p['method']} @ {p['policy']}"}
-                          for p in summary["predicted"]])
+    plot_compare(sweep["cells"], summary["predicted"], os.path.join(out, "sim_sweep.png"))
+
+
+def plot_compare(cells: list[dict], predicted: list[dict], path: str) -> None:
+    """Served (filled) and simulated (hollow) TTFT on one figure: methods | policies."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..serve.sweep import draw_sweep, method_cell, policy_cell
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    draw_sweep(axes[0], cells, method_cell, lambda c: c["method"],
+               "per method: served (filled) vs simulated (hollow)", predicted)
+    draw_sweep(axes[1], cells, policy_cell, lambda c: c["policy"],
+               "per routing policy: served vs simulated", predicted)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
