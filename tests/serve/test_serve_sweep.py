@@ -65,6 +65,7 @@ def test_rates_series_and_cell_numbers():
     assert m["goodput_rps"] == 1.0 and m["slo_attainment"] == pytest.approx(2 / 6)
     assert m["ttft_p50_ms"] == 300 and m["chunk_hit_ratio"] == 0.75
     assert m["user_prefix_hit_ratio"] == pytest.approx(2 / 3)
+    assert m["user_prefix_append_ratio"] == 0
     assert m["queue_p50_ms"] == pytest.approx(149) and m["per_instance"] == {"0": 2, "1": 1}
     lo, hi = m["ttft_p99_ci90"]
     assert lo <= m["ttft_p99_ms"] <= hi

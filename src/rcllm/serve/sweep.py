@@ -49,7 +49,7 @@ POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run
 TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429", "errors_5xx",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
          "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment", "chunk_hit_ratio",
-         "user_prefix_hit_ratio", "per_instance")
+         "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance")
 
 
 @dataclass(frozen=True)
@@ -164,6 +164,9 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
             "slo_attainment": within / max(1, len(rows)),
             "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
             "user_prefix_hit_ratio": (sum(u == "hit" for u in up) / len(up)) if up else None,
+            # a returning user's history has grown by the last review: at best an append
+            "user_prefix_append_ratio": (sum(u == "append" for u in up) / len(up)) if up
+            else None,
             "per_instance": {str(k): sum(r["instance"] == k for r in ok)
                              for k in sorted({r["instance"] for r in ok})}}
 
