@@ -245,9 +245,13 @@ def run_sweep(args) -> int:
                     raise RcllmError("the capacity probe got no answer")
                 capacity = args.instances * 1e3 / float(np.mean(engine_ms))
                 wait_for_builds(backend.store_stats)
+            span_s = sum(len(series) * trace.arrivals_s(v * capacity if rel else v)[-1]
+                         for v, rel in rates)
             print(f"start {start_s:.1f} s; warm-up {warm['wall_s']:.1f} s "
                   f"({warm['ok']}/{warm['sent']} answered); capacity "
-                  f"{capacity if capacity is None else round(capacity, 3)} rps", flush=True)
+                  f"{capacity if capacity is None else round(capacity, 3)} rps; the cells' "
+                  f"arrivals span {span_s / 60:.1f} min (plus the drain of overloaded cells)",
+                  flush=True)
             day = 0
             for value, rel in rates:
                 rate = value * capacity if rel else value
@@ -281,6 +285,7 @@ def run_sweep(args) -> int:
     report = {"name": "bench.serve.sweep",
               "config": {k: v for k, v in vars(args).items() if k != "func"},
               "trace": trace.summary(), "capacity_rps": capacity, "start_s": start_s,
+              "cells_arrival_span_s": span_s,
               "slo_ms": args.slo_ms, "instances": args.instances, "router_profile": profile,
               "series": [s.__dict__ for s in series], "wall_s": wall_s, "cells": cells}
     write_outputs(report, args.out)
