@@ -100,6 +100,7 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         assert sum(c["per_instance"].values()) == c["ok"]
         assert c["ttft_p50_ms"] <= c["ttft_p90_ms"] <= c["ttft_p99_ms"]
         assert c["goodput_rps"] > 0 and c["slo_attainment"] == c["ok"] / 6
+        assert len(c["loadavg_1m"]) == 2
     assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
     assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")
     assert {c["requests"][0]["status"] for c in cells} <= {200, 429}

@@ -262,6 +262,7 @@ def run_sweep(args) -> int:
                     if backend.residency is not None:
                         backend.residency = UserResidency(backend.residency.ttl_s)
                     bodies = [s.body(b) for b in _redated(trace.bodies, day)]
+                    load_before = os.getloadavg()[0]
                     res = run_load(running.url, bodies, rate, args.timeout_s,
                                    arrivals_s=arrivals, keep_rows=True)
                     drained = wait_for_builds(backend.store_stats)
@@ -270,12 +271,16 @@ def run_sweep(args) -> int:
                             "policy": s.policy,
                             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
                             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
+                            # the machine's 1-min load average before and after the cell: a
+                            # quiet 2-core machine running this sweep stays near 2-3
+                            "loadavg_1m": [load_before, os.getloadavg()[0]],
                             "requests": [{k: v for k, v in r.items()} for r in res["requests"]]}
                     cells.append(cell)
                     print(f"cell {cell['series']} at {rate:.3f} rps: p50/p99 "
                           f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
                           f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
-                          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost", flush=True)
+                          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost; load average "
+                          f"{load_before:.1f}", flush=True)
             profile = {"name": backend.profile.name}
         finally:
             running.stop()
@@ -287,6 +292,7 @@ def run_sweep(args) -> int:
               "trace": trace.summary(), "capacity_rps": capacity, "start_s": start_s,
               "cells_arrival_span_s": span_s,
               "slo_ms": args.slo_ms, "instances": args.instances, "router_profile": profile,
+              "cpu_count": os.cpu_count(),
               "series": [s.__dict__ for s in series], "wall_s": wall_s, "cells": cells}
     write_outputs(report, args.out)
     print(f"sweep: {len(cells)} cells in {wall_s:.0f} s; outputs in {args.out}")
