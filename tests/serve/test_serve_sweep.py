@@ -106,5 +106,6 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert {c["requests"][0]["status"] for c in cells} <= {200, 429}
     table = (out / "sweep.md").read_text()
     assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
+    assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6
     for png in ("ttft_vs_rate_methods.png", "ttft_vs_rate_policies.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

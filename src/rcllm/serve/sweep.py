@@ -24,7 +24,8 @@ and HTTP included) P50/P90/P99 with a bootstrap 90% interval of P50 and P99, the
 TTFT, queue time (client latency - engine time), goodput (answered within `--slo-ms` per second
 of the cell's wall time) and SLO attainment, chunk and user-prefix hit ratios, 429s, 5xx and
 lost requests (transport errors or timeouts). Outputs under `--out`: sweep.json (cells with
-every request's row), sweep.md (the table) and two PNGs (TTFT against rate per method and per
+every request's row; sweep.partial.json holds the cells done so far while it runs, what a
+stopped sweep leaves), sweep.md (the table) and two PNGs (TTFT against rate per method and per
 policy). Rates: absolute requests/s, or `Nx` = N × capacity, capacity = K × 1000 / the mean
 engine time of `prefix` on the trace, measured at start (the simulator's `--load` convention).
 """
@@ -276,6 +277,9 @@ def run_sweep(args) -> int:
                             "loadavg_1m": [load_before, os.getloadavg()[0]],
                             "requests": [{k: v for k, v in r.items()} for r in res["requests"]]}
                     cells.append(cell)
+                    with open(os.path.join(args.out, "sweep.partial.json"), "w",
+                              encoding="utf-8") as fh:   # what a stopped sweep leaves
+                        json.dump({"capacity_rps": capacity, "cells": cells}, fh, default=str)
                     print(f"cell {cell['series']} at {rate:.3f} rps: p50/p99 "
                           f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
                           f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
