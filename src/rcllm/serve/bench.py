@@ -28,6 +28,7 @@ COLUMNS = ("config", "phase", "sent", "ok", "rejected_429", "failed", "throughpu
 
 
 def register_bench(bench) -> None:
+    from . import sweep
     from ..commands.common import add_candidate_source_option, add_data_options, add_engine_options
 
     p = bench.add_parser("serve", help="serving throughput / TTFT, 1 vs K instances, policies; "
@@ -51,8 +52,8 @@ def register_bench(bench) -> None:
                    help="bodies sent before measuring (all = the whole workload once; "
                         "default 2)")
     p.add_argument("--fault-redis", action="store_true",
-                   help="phase: the workload again, Redis killed at 1/3 and restarted at 2/3 "
-                        "(needs --redis-local)")
+                   help="phase: the workload again, Redis killed once 1/3 is answered, "
+                        "restarted at 2/3 (needs --redis-local)")
     p.add_argument("--soak-s", type=float, default=0.0, metavar="S",
                    help="phase: S seconds at --soak-load x capacity, RSS of every server "
                         "process sampled (default 0 = off)")
@@ -62,8 +63,32 @@ def register_bench(bench) -> None:
                         "fifth of --soak-s, at most 120 s); an instance that affinity kept "
                         "idle fills its bounded caches here")
     p.add_argument("--fault-instance", action="store_true",
-                   help="phase (last): the workload again, instance 0 killed at 1/3")
+                   help="phase (last): the workload again, instance 0 killed once 1/3 is answered")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    g = p.add_argument_group("rate sweep (--sweep; serve/sweep.py)")
+    g.add_argument("--sweep", action="store_true",
+                   help="TTFT under load per method and routing policy over a rate sweep, on "
+                        "--instances Ray instances with a private Redis; the workload is the "
+                        "last --requests review events of the data (retrieved candidates, "
+                        "arrivals compressed to each rate); --configs and the phases are not "
+                        "used")
+    g.add_argument("--rates", default=sweep.DEFAULT_RATES,
+                   help="comma list of requests/s, or Nx = N x capacity (K / prefix's mean "
+                        f"engine time, measured at start; default {sweep.DEFAULT_RATES})")
+    g.add_argument("--methods", default=sweep.DEFAULT_METHODS,
+                   help="comma list: METHOD or METHOD:ITEM_RATIO:HISTORY_RATIO; with --adapter "
+                        "its default method is added as 'adapter' (default "
+                        f"{sweep.DEFAULT_METHODS})")
+    g.add_argument("--policies", default=sweep.DEFAULT_POLICIES,
+                   help="routing policies of the rcllm 0.3/0.3 series (default "
+                        f"{sweep.DEFAULT_POLICIES})")
+    g.add_argument("--instances", type=int, default=2, help="Ray instances (default 2)")
+    g.add_argument("--slo-ms", type=float, default=5000.0,
+                   help="TTFT SLO of the goodput (default 5000 ms)")
+    g.add_argument("--timeout-s", type=float, default=300.0,
+                   help="client timeout per request; a request over it is counted lost")
+    g.add_argument("--out", default="bench-serve-sweep",
+                   help="folder of sweep.json, sweep.md and the PNGs (default bench-serve-sweep)")
     p.set_defaults(func=run)
 
 
@@ -106,6 +131,18 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 
 
 def run(args) -> int:
+    from . import lifecycle
+
+    with lifecycle.stop_signals_exit():   # SIGTERM / SIGHUP: Redis and Ray stopped as on ^C
+        if getattr(args, "sweep", False):
+            from .sweep import run_sweep
+
+            return run_sweep(args)
+        return _run(args)
+
+
+def _run(args) -> int:
+    from . import lifecycle, phases
     from ..commands.common import load_workload, print_retrieval_recall
     from .app import create_app
     from ..eval.protocol import retrieval_recall
@@ -139,6 +176,7 @@ def run(args) -> int:
                               kv_encoding=args.kv_encoding)
             t0 = time.perf_counter()
             backend = RayBackend(spec, int(k), args.queue_size, policy)
+            lifecycle.install()          # ray.init put its own SIGTERM handler in place
             start_s = time.perf_counter() - t0
             running = start_in_thread(create_app(backend,
                                                  ServeSettings(queue_size=args.queue_size)))
@@ -146,6 +184,10 @@ def run(args) -> int:
                 if warm:
                     rows.append({"config": f"{k} x {policy}", "phase": "warm-up",
                                  **run_load(running.url, bodies[:warm], args.qps)})
+                    # steady measures the cache after warm-up: the warm-up's misses are built
+                    # behind its answers, so wait for them (on a busy machine they were not
+                    # all built yet when steady began, and it missed)
+                    phases.wait_for_builds(backend.store_stats)
                 for phase, res in _phases(args, backend, running.url, bodies, redis):
                     rows.append({"config": f"{k} x {policy}", "phase": phase,
                                  "start_s": start_s, **res})

@@ -160,8 +160,16 @@ def make_backend(args):
 
 
 def run(args) -> int:
+    from . import lifecycle
+
+    with lifecycle.stop_signals_exit():       # SIGTERM / SIGHUP stop Redis and Ray too
+        return _run(args)
+
+
+def _run(args) -> int:
     import uvicorn
 
+    from . import lifecycle
     from .app import create_app
 
     settings = settings_from(args)
@@ -178,9 +186,13 @@ def run(args) -> int:
         print(f"private redis-server on {args.redis} (stopped on exit)")
     try:
         backend = make_backend(args)
+        lifecycle.install()                  # ray.init put its own SIGTERM handler in place
         app = create_app(backend, settings, dataset=getattr(backend, "dataset", None))
         print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs, "
               f"explain page at /ui)")
+        # uvicorn stops gracefully on SIGINT/SIGTERM (closing the backend: Ray's actors and
+        # processes), then raises the signal again under our handler: SystemExit, so the
+        # finally below runs
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
     finally:
         if redis is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import httpx
 import numpy as np
@@ -28,28 +28,56 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
         out.update(ttft_ms=js["ttft_ms"], total_ms=js["total_ms"], instance=js["instance"],
                    recomputed_fraction=st["recomputed_fraction"], hits=st["chunk_hits"],
                    lookups=st["chunk_hits"] + st["chunk_misses"],
-                   fetched=st.get("fetched_items", 0))
+                   fetched=st.get("fetched_items", 0),
+                   user_prefix=st.get("user_prefix", "off"), method=js.get("method"),
+                   context_tokens=st.get("tokens", 0),
+                   recomputed_tokens=st.get("recomputed_tokens", 0))
     return out
 
 
-async def _run(url: str, bodies: list[dict], qps: float, timeout_s: float) -> list[dict]:
-    """Request k leaves at t0 + k / qps; tasks are created at their arrival time, so a long
-    run holds only the requests in flight."""
+async def _run(url: str, bodies: list[dict], arrivals_s: Sequence[float], timeout_s: float,
+               on_answer: Callable[[dict], None] | None) -> list[dict]:
+    """Request k leaves at t0 + arrivals_s[k]; tasks are created at their arrival time, so a
+    long run holds only the requests in flight. `on_answer(row)` is called as each one ends
+    (on the event loop: it must not block)."""
+    async def one(client, body, sent_s):
+        row = await _one(client, body)
+        row["sent_s"] = sent_s
+        if on_answer is not None:
+            on_answer(row)
+        return row
+
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s,
                                  limits=httpx.Limits(max_connections=256)) as client:
         t0 = time.perf_counter()
         tasks = []
-        for k, body in enumerate(bodies):
-            await asyncio.sleep(max(0.0, t0 + k / qps - time.perf_counter()))
-            tasks.append(asyncio.create_task(_one(client, body)))
+        for at, body in zip(arrivals_s, bodies):
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(client, body, time.perf_counter() - t0)))
         return list(await asyncio.gather(*tasks))
 
 
-def run_load(url: str, bodies: list[dict], qps: float, timeout_s: float = 120.0) -> dict:
-    """Sends `bodies` at `qps` and summarises: throughput, latency and TTFT percentiles."""
+def run_load(url: str, bodies: list[dict], qps: float, timeout_s: float = 120.0,
+             arrivals_s: Sequence[float] | None = None,
+             on_answer: Callable[[dict], None] | None = None, keep_rows: bool = False) -> dict:
+    """Sends `bodies` at `qps` (request k at k / qps), or at `arrivals_s` (seconds from the
+    start, ascending) when given, and summarises: throughput, latency and TTFT percentiles.
+    `keep_rows`: the per-request rows under "requests" too."""
+    if arrivals_s is None:
+        arrivals_s = [k / qps for k in range(len(bodies))]
+    if len(arrivals_s) != len(bodies):
+        raise ValueError("one arrival time per body")
     t0 = time.perf_counter()
-    rows = asyncio.run(_run(url, bodies, qps, timeout_s))
+    rows = asyncio.run(_run(url, bodies, arrivals_s, timeout_s, on_answer))
     wall_s = time.perf_counter() - t0
+    out = summarise(rows, wall_s)
+    if keep_rows:
+        out["requests"] = rows
+    return out
+
+
+def summarise(rows: list[dict], wall_s: float) -> dict:
+    """Counts and percentiles of a load's per-request rows."""
     ok = [r for r in rows if r["status"] == 200]
     lat = np.array([r["latency_ms"] for r in ok]) if ok else np.zeros(1)
     ttft = np.array([r["ttft_ms"] for r in ok]) if ok else np.zeros(1)

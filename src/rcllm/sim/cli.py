@@ -3,6 +3,7 @@
   rcllm sim run cdf|scaling|policy|ratio|all [--out DIR] [--requests N] [--profile P]
                 [--placement community|hash|metis] [--load L] [--data PATH --format FMT]
   rcllm sim validate --bench-json PATH [--fit-json OTHER] [--json OUT]
+  rcllm sim sweep --sweep-json SWEEP --fit-json BENCH_TTFT [--routing replay|policy] [--out DIR]
   rcllm sim profiles [--vidur-dir DIR]
   rcllm sim bench [--requests N] [--instances K]        (also: rcllm bench sim)
 Reports follow rcllm.report's contract; schemas are in docs/simulator.md.
@@ -70,17 +71,24 @@ def _run(args) -> int:
     return 0
 
 
-def _validate(args) -> int:
+def _load_runs(paths: str, min_repeats: int) -> list[dict]:
+    """bench ttft records of comma-separated repeated runs, merged (the fastest per request
+    and variant), kept when measured in at least `min_repeats` runs."""
     from ..errors import RcllmError
-    from ..routing.validate import (combine_repeats, load_bench_requests, validate,
-                                     validate_transfer)
+    from ..routing.validate import combine_repeats, load_bench_requests
+
+    merged = combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
+    kept = [r for r in merged if r.get("repeats", 1) >= min_repeats]
+    if not kept:
+        raise RcllmError(f"no record of {paths} was measured in {min_repeats} runs")
+    return kept
+
+
+def _validate(args) -> int:
+    from ..routing.validate import validate, validate_transfer
 
     def load(paths: str):  # comma-separated repeated runs of the same requests
-        merged = combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
-        kept = [r for r in merged if r.get("repeats", 1) >= args.min_repeats]
-        if not kept:
-            raise RcllmError(f"no record of {paths} was measured in {args.min_repeats} runs")
-        return kept
+        return _load_runs(paths, args.min_repeats)
 
     test = load(args.bench_json)
     if args.fit_json:
@@ -102,6 +110,23 @@ def _validate(args) -> int:
                                                  "fit_json": args.fit_json or None,
                                                  "min_repeats": args.min_repeats,
                                                  "seed": args.seed}, rows, summary)
+    return 0
+
+
+def _sweep(args) -> int:
+    from .served import fit_profile, load_sweep, predict_sweep, write_outputs
+
+    sweep = load_sweep(args.sweep_json)
+    profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
+    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms)
+    write_outputs(sweep, rows, summary, profile, args.out,
+                  {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
+                   "min_repeats": args.min_repeats, "routing": args.routing,
+                   "overhead_ms": args.overhead_ms})
+    worst = summary["worst_rel_err_below_capacity"]
+    print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
+          f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
+          f"worst {'-' if worst is None else f'{worst:.3f}'}); outputs in {args.out}")
     return 0
 
 
@@ -202,6 +227,20 @@ def register(top, bench) -> None:
     val.add_argument("--json", default="", help="write the report here")
     val.add_argument("--seed", type=int, default=0)
     val.set_defaults(func=_validate)
+    sw = sub.add_parser("sweep", help="predict a `rcllm bench serve --sweep` run cell by cell "
+                                      "with a profile fitted on a separate `bench ttft` run")
+    sw.add_argument("--sweep-json", required=True, help="the sweep's sweep.json")
+    sw.add_argument("--fit-json", required=True,
+                    help="bench ttft --json run(s) to fit the profile on (comma-separated "
+                         "repeats merged as in validate); never the sweep itself")
+    sw.add_argument("--min-repeats", type=int, default=1)
+    sw.add_argument("--routing", choices=("replay", "policy"), default="replay",
+                    help="replay the served router's choices (default) or simulate load-only "
+                         "and round-robin (affinity and hit-only are replayed either way)")
+    sw.add_argument("--overhead-ms", type=float, default=0.0,
+                    help="HTTP + router time added to every request (default 0)")
+    sw.add_argument("--out", default="sim-sweep", help="output folder (default sim-sweep)")
+    sw.set_defaults(func=_sweep)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")
     from ..routing.vidur_fit import DEFAULT_DIR
     prof.add_argument("--vidur-dir", default=os.path.normpath(DEFAULT_DIR))

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Reproduces every measured table of docs/serving.md and docs/simulator.md from scratch on this
+# machine, stage by stage, and writes each stage's wall time (issue 30 item 6).
+#
+#   scripts/reproduce_tables.sh [OUT] [STAGE ...]
+#
+# OUT (default /tmp/rcllm-tables) gets one folder per stage with its outputs and log, and
+# walltimes.tsv (stage, seconds, exit status). Without STAGE arguments every stage runs, in
+# this order (estimated times are from the docs' own runs on the shared 2-core machine):
+#   sim-profiles   simulator.md GPU profiles table                           (~5 s)
+#   sim-bench      simulator.md Speed                                        (~30 s)
+#   sim-run        simulator.md Results/Scaling/Policies/Ratio, 8B + 72B     (~3 min)
+#   sim-amazon     simulator.md Amazon-2018 Magazine rows (with/without hot 1.0) (~1 min)
+#   shapes-tiny    simulator.md bench shapes CPU check                       (~2 min)
+#   sim-validate   simulator.md validation: 3 + 3 bench ttft runs, both directions (~40 min)
+#   serve-scaling  serving.md "Measured": 1 vs 2 instances, tiny model, 2 runs (~2 min)
+#   serve-targets  serving.md issue-17 targets (needs ADAPTER=<Magazine adapter>) (~23 min)
+#   serve-sweep    serving.md rate sweep (bench serve --sweep, SmolLM2, Magazine) (<= 40 min)
+#   sim-sweep      simulator.md served sweep prediction: bench ttft fit + sim sweep (~5 min;
+#                  needs serve-sweep's output)
+# Environment: PY (default: python3), DATA (default ../shared/data/amazon2018 from the repo
+# root), ADAPTER (serve-targets; the stage is skipped, saying so, without it), SWEEP_REQUESTS,
+# SWEEP_RATES (serve-sweep's size; defaults: 30 requests per cell, 0.4x,0.7x,1.0x,1.3x).
+# Timings are only comparable on a quiet machine: run nothing else meanwhile.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-/tmp/rcllm-tables}; shift || true
+PY=${PY:-python3}
+ROOT=$PWD
+DATA=$(realpath "${DATA:-../shared/data/amazon2018}")
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(sim-profiles sim-bench sim-run sim-amazon shapes-tiny
+                                   sim-validate serve-scaling serve-targets serve-sweep sim-sweep)
+mkdir -p "$OUT"
+OUT=$(realpath "$OUT")
+rcllm() { "$PY" -m rcllm.cli "$@"; }
+MAG=(--data "$DATA" --category Magazine_Subscriptions)
+GIFT=(--data "$DATA" --category Gift_Cards)
+
+stage() {
+  local name=$1 dir="$OUT/$1" t0 rc
+  mkdir -p "$dir"
+  t0=$(date +%s)
+  ( set -e; cd "$dir"; "stage_${name//-/_}" ) > "$dir/log.txt" 2>&1
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - t0 ))" "$rc" | tee -a "$OUT/walltimes.tsv"
+}
+
+stage_sim_profiles() { rcllm sim profiles; }
+stage_sim_bench() { rcllm bench sim --json bench_sim.json; }
+stage_sim_run() {
+  rcllm sim run all --requests 20000 --out 8b
+  rcllm sim run cdf --profile qwen-72b@a100 --requests 20000 --out 72b
+  rcllm sim run scaling --profile qwen-72b@a100 --requests 20000 --out 72b
+  for p in metis hash; do rcllm sim run cdf --placement $p --requests 20000 --out "8b-$p"; done
+}
+stage_sim_amazon() {
+  rcllm sim run cdf --data "$DATA/Magazine_Subscriptions_5.json" --format amazon2018 \
+      --requests 5000 --out mag
+  rcllm sim run cdf --data "$DATA/Magazine_Subscriptions_5.json" --format amazon2018 \
+      --requests 5000 --hot-fraction 1.0 --out mag-hot
+}
+stage_shapes_tiny() {
+  rcllm bench shapes --shape tiny --layers 8 --tokens 2048,3072 --repeats 3 --threads 1 \
+      --json shapes_tiny.json
+}
+stage_sim_validate() {
+  rcllm bench ttft "${MAG[@]}" --requests 10 --set model.threads=1 --json mag.json
+  for k in 2 3; do rcllm bench ttft "${MAG[@]}" --requests 6 --set model.threads=1 \
+      --json mag$k.json; done
+  rcllm bench ttft "${GIFT[@]}" --new-reviews 1 --requests 10 --set model.threads=1 \
+      --json gift.json
+  for k in 2 3; do rcllm bench ttft "${GIFT[@]}" --new-reviews 1 --requests 6 \
+      --set model.threads=1 --json gift$k.json; done
+  rcllm sim validate --fit-json mag.json,mag2.json,mag3.json \
+      --bench-json gift.json,gift2.json,gift3.json --min-repeats 3 --json m2g.json
+  rcllm sim validate --fit-json gift.json,gift2.json,gift3.json \
+      --bench-json mag.json,mag2.json,mag3.json --min-repeats 3 --json g2m.json
+  rcllm sim validate --fit-json mag.json --bench-json gift.json --json m2g_one.json
+  rcllm sim validate --fit-json gift.json --bench-json mag.json --json g2m_one.json
+}
+stage_serve_scaling() {
+  "$PY" "$ROOT/scripts/make_tiny_model.py" "$PWD/tiny"
+  for run in A B; do
+    rcllm bench serve --requests 60 --candidates 20 --qps 16 \
+        --configs 1:affinity,2:affinity,2:round-robin --set model.path="$PWD/tiny" \
+        --set model.threads=1 --json "run$run.json"
+  done
+}
+stage_serve_targets() {
+  if [ -z "${ADAPTER:-}" ]; then echo "skipped: set ADAPTER to the Magazine adapter"; return 0; fi
+  rcllm bench serve "${MAG[@]}" --adapter "$ADAPTER" --configs 2:affinity --requests 40 \
+      --qps 0.5 --queue-size 4 --redis-local --warmup all --fault-redis --soak-s 600 \
+      --soak-load 2 --soak-warmup-s 300 --fault-instance --set model.threads=1 \
+      --json bench-serve-full.json
+}
+stage_serve_sweep() {
+  rcllm bench serve --sweep "${MAG[@]}" --scorer pointwise ${ADAPTER:+--adapter "$ADAPTER"} \
+      --requests "${SWEEP_REQUESTS:-30}" --rates "${SWEEP_RATES:-0.4x,0.7x,1.0x,1.3x}" \
+      --queue-size 8 --slo-ms 5000 --set model.threads=1 --out sweep
+}
+stage_sim_sweep() {
+  # the profile is fitted on a separate bench ttft run of the same model and scorer, never
+  # on the sweep
+  rcllm bench ttft "${MAG[@]}" --scorer pointwise ${ADAPTER:+--adapter "$ADAPTER"} \
+      --requests 6 --seed 1 --set model.threads=1 --json ttft_fit.json
+  rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+      --out replay
+  rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+      --routing policy --out policy
+}
+
+for s in "${STAGES[@]}"; do
+  if ! declare -F "stage_${s//-/_}" >/dev/null; then echo "unknown stage $s" >&2; exit 2; fi
+  stage "$s"
+done
+echo "wall times: $OUT/walltimes.tsv"

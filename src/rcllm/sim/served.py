@@ -1,0 +1,184 @@
+"""The simulator's prediction of a served sweep (`rcllm bench serve --sweep`; issue 30 item 2).
+
+Input: the sweep's JSON (each cell's arrival times and, per request, the method the engine ran,
+its prompt tokens and the tokens it computed, and the instance the router chose) and a speed
+profile fitted on a *separate* `rcllm bench ttft` run (`routing.fit.fit_cpu_profile`, the
+joint fit of `rcllm sim validate`: shared compute terms, one reuse cost per method). Never
+fitted on the sweep: the sweep gives the workload (arrival times and request shapes), not
+times.
+
+Model of the served cluster: K instances, each one FIFO server running one engine call at a
+time (the Ray actor's engine lock; `model.threads=1`); a request's service time is the
+profile's prefill time of its (computed, context) tokens plus `overhead_ms` (HTTP + router,
+default 0); TTFT = arrival to the end of service. Routing:
+- `replay` (default): each request goes where the served router sent it. The policies'
+  decisions are then not a source of error, and what is left is the cost model and queueing.
+- `policy`: load-only = the instance with the least predicted outstanding work, round-robin =
+  arrival order mod K; affinity and hit-only need the served caches' contents, which the sweep
+  does not record, so they are replayed (the report says which cells were).
+
+What the model leaves out (the comparison shows how much it matters): misses built behind the
+answer on the store's builder thread (CPU beside the next request), the two instances and the
+router contending for 2 shared cores, Redis fetches, and queueing in Ray before the actor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ..errors import RcllmError
+from ..routing.fit import fit_cpu_profile, predict_ms
+from ..routing.profiles import SpeedProfile
+
+COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
+           "predicted_p50_ms", "p50_rel_err", "measured_p99_ms", "predicted_p99_ms",
+           "p99_rel_err", "measured_engine_p50_ms", "predicted_service_p50_ms")
+
+
+def load_sweep(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        raise RcllmError(f"sweep JSON not found: {path}")
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if data.get("name") != "bench.serve.sweep" or not data.get("cells"):
+        raise RcllmError(f"{path} is not a `rcllm bench serve --sweep` report with cells")
+    for c in data["cells"]:
+        for r in c["requests"]:
+            if r["status"] == 200 and "context_tokens" not in r:
+                raise RcllmError(f"{path}: requests lack context_tokens (a sweep recorded "
+                                 "before they were; run it again)")
+    return data
+
+
+def fit_profile(fit_requests: list[dict]) -> SpeedProfile:
+    """The joint profile of a bench ttft run's records (`rcllm sim validate`'s joint fit)."""
+    pts = [(int(r["recomputed_tokens"]), int(r["context_tokens"]), float(r["ttft_ms"]))
+           for r in fit_requests]
+    return fit_cpu_profile(pts, [r["method"] for r in fit_requests])
+
+
+def service_ms(profile: SpeedProfile, method: str, computed: float, context: float,
+               overhead_ms: float = 0.0) -> float:
+    """One request's predicted engine time; a method the fit never saw is priced as rcllm."""
+    m = method if method in profile.reuse_ms_per_token else "rcllm"
+    return float(predict_ms(profile, m, np.array([computed]), np.array([context]))[0]
+                 + overhead_ms)
+
+
+def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
+                  instances: int, policy: str, routing: str = "replay",
+                  overhead_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
+    the policy's own decisions were simulated (False: replayed)."""
+    own = routing == "policy" and policy in ("load-only", "round-robin")
+    free_at = np.zeros(instances)            # ms at which each instance's queue empties
+    ttft, svc = [], []
+    k = 0
+    for at_s, r in zip(arrivals_s, requests):
+        if r["status"] != 200:
+            continue
+        at = at_s * 1e3
+        s = service_ms(profile, r.get("method") or "rcllm", r["recomputed_tokens"],
+                       r["context_tokens"], overhead_ms)
+        if not own:
+            dest = int(r["instance"]) % instances
+        elif policy == "round-robin":
+            dest = k % instances
+        else:
+            dest = int(np.argmin(np.maximum(free_at - at, 0.0)))
+        k += 1
+        start = max(at, free_at[dest])
+        free_at[dest] = start + s
+        ttft.append(free_at[dest] - at)
+        svc.append(s)
+    return np.asarray(ttft), np.asarray(svc), own
+
+
+def _rel(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas if meas > 0 else float("nan")
+
+
+def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
+                  overhead_ms: float = 0.0) -> tuple[list[dict], dict]:
+    """Rows (one per cell: measured vs predicted P50/P99) and a summary."""
+    k = int(sweep["instances"])
+    capacity = sweep.get("capacity_rps")
+    rows, predicted = [], []
+    for c in sweep["cells"]:
+        ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
+                                       routing, overhead_ms)
+        if not len(ttft):
+            continue
+        p50, p99 = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))
+        below = capacity is None or c["rate_rps"] < capacity
+        rows.append({"rate_rps": c["rate_rps"], "series": c["series"], "method": c["method"],
+                     "policy": c["policy"], "below_capacity": below,
+                     "routing": "simulated" if own else "replayed",
+                     "measured_p50_ms": c["ttft_p50_ms"], "predicted_p50_ms": p50,
+                     "p50_rel_err": _rel(p50, c["ttft_p50_ms"]),
+                     "measured_p99_ms": c["ttft_p99_ms"], "predicted_p99_ms": p99,
+                     "p99_rel_err": _rel(p99, c["ttft_p99_ms"]),
+                     "measured_engine_p50_ms": c["engine_ttft_p50_ms"],
+                     "predicted_service_p50_ms": float(np.percentile(svc, 50))})
+        predicted.append({"rate_rps": c["rate_rps"], "method": c["method"],
+                          "policy": c["policy"], "ttft_p50_ms": p50, "ttft_p99_ms": p99})
+    below = [r for r in rows if r["below_capacity"]]
+    errs = [max(r["p50_rel_err"], r["p99_rel_err"]) for r in below]
+    summary = {"cells": len(rows), "cells_below_capacity": len(below),
+               "within_15pct_below_capacity": sum(e <= 0.15 for e in errs),
+               "worst_rel_err_below_capacity": max(errs) if errs else None,
+               "median_p50_rel_err": float(np.median([r["p50_rel_err"] for r in rows]))
+               if rows else None,
+               "median_p99_rel_err": float(np.median([r["p99_rel_err"] for r in rows]))
+               if rows else None,
+               # > 1: the served engine ran slower than the fitted profile says, before any
+               # queueing (contention for the cores, the builder thread): not a queueing error
+               "median_engine_over_predicted_service": float(np.median(
+                   [r["measured_engine_p50_ms"] / r["predicted_service_p50_ms"] for r in rows]))
+               if rows else None,
+               "target": 0.15, "profile": profile.name, "routing": routing,
+               "overhead_ms": overhead_ms, "predicted": predicted}
+    return rows, summary
+
+
+def write_outputs(sweep: dict, rows: list[dict], summary: dict, profile: SpeedProfile,
+                  out: str, config: dict) -> None:
+    """sim_sweep.json, sim_sweep.md and sim_sweep.png (measured and predicted on one figure)."""
+    from ..report import markdown_table
+
+    os.makedirs(out, exist_ok=True)
+    report = {"name": "sim.sweep", "config": config, "rows": rows, "summary": summary,
+              "profile": {"name": profile.name, "fixed_ms": profile.fixed_ms,
+                          "ms_per_token": profile.ms_per_token,
+                          "ms_per_token_ctx": profile.ms_per_token_ctx,
+                          "reuse_ms_per_token": profile.reuse_ms_per_token}}
+    with open(os.path.join(out, "sim_sweep.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    table = markdown_table(rows, COLUMNS)
+    with open(os.path.join(out, "sim_sweep.md"), "w", encoding="utf-8") as fh:
+        fh.write(f"# simulator vs served sweep ({summary['routing']} routing, profile "
+                 f"{profile.name})\n\n{table}\n")
+    print(table)
+    plot_compare(sweep["cells"], summary["predicted"], os.path.join(out, "sim_sweep.png"))
+
+
+def plot_compare(cells: list[dict], predicted: list[dict], path: str) -> None:
+    """Served (filled) and simulated (hollow) TTFT on one figure: methods | policies."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..serve.sweep import draw_sweep, method_cell, policy_cell
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    draw_sweep(axes[0], cells, method_cell, lambda c: c["method"],
+               "per method: served (filled) vs simulated (hollow)", predicted)
+    draw_sweep(axes[1], cells, policy_cell, lambda c: c["policy"],
+               "per routing policy: served vs simulated", predicted)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

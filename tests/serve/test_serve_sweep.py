@@ -1,0 +1,111 @@
+"""`rcllm bench serve --sweep` (issue 30 item 1): the rate sweep over methods and routing
+policies on 2 tiny Ray instances with a private Redis, end to end; and its parts (trace,
+rates, series, cell numbers) without Ray."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+
+from rcllm.errors import RcllmError
+from rcllm.serve import sweep
+from rcllm.serve.trace import review_trace
+
+
+@pytest.fixture(scope="module")
+def trace(synthetic):
+    return review_trace(synthetic, 30, 8, seed=0)
+
+
+def test_trace_keeps_repeats_and_compresses_to_the_rate(trace, synthetic):
+    assert len(trace.bodies) == 30 and trace.repeats() > 0
+    assert all(len(b["candidates"]) == 8 and len(set(b["candidates"])) == 8
+               for b in trace.bodies)
+    assert np.all(np.diff(trace.times_s) >= 0)
+    for rate in (0.5, 4.0):
+        a = trace.arrivals_s(rate)
+        assert a[0] == 0 and np.all(np.diff(a) >= 0)
+        assert (len(a) - 1) / a[-1] == pytest.approx(rate)
+        # the trace's relative gaps are kept at every rate
+        np.testing.assert_allclose(a * rate, trace.arrivals_s(1.0), rtol=1e-9, atol=1e-9)
+    # a repeated user's later request carries the longer history, never a future review
+    seen: dict[str, int] = {}
+    for b, t in zip(trace.bodies, trace.times_s):
+        assert all(h["timestamp"] <= t for h in b["history"])
+        n = len(b["history"])
+        assert n >= seen.get(b["user_id"], 0) or n == 10
+        seen[b["user_id"]] = n
+
+
+def test_rates_series_and_cell_numbers():
+    assert sweep.parse_rates("0.5,2x") == [(0.5, False), (2.0, True)]
+    for bad in ("", "0", "-1x", "fast"):
+        with pytest.raises(RcllmError):
+            sweep.parse_rates(bad)
+    series = sweep.series_of(sweep.DEFAULT_METHODS, sweep.DEFAULT_POLICIES, adapter=True)
+    names = [(s.name, s.policy) for s in series]
+    assert names == [("full", "load-only"), ("prefix", "load-only"),
+                     ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.15/0.15", "affinity"),
+                     ("adapter", "affinity"), ("rcllm-0.3/0.3", "hit-only"),
+                     ("rcllm-0.3/0.3", "load-only"), ("rcllm-0.3/0.3", "round-robin")]
+    assert series[2].body({"user_id": "u"}) == {"user_id": "u", "method": "rcllm",
+                                                 "item_ratio": 0.3, "history_ratio": 0.3}
+    assert "method" not in series[4].fields          # the adapter's own default method
+    with pytest.raises(RcllmError):
+        sweep.series_of("full", "nearest", adapter=False)
+    rows = [{"status": 200, "latency_ms": ms, "ttft_ms": ms / 2, "total_ms": ms / 2 + 1,
+             "hits": 3, "lookups": 4, "instance": i % 2, "user_prefix": up}
+            for i, (ms, up) in enumerate([(100, "hit"), (300, "miss"), (900, "hit")])]
+    rows += [{"status": 429}, {"status": 503}, {"status": -1, "error": "ReadTimeout"}]
+    m = sweep.cell_metrics(rows, wall_s=2.0, slo_ms=500)
+    assert (m["sent"], m["ok"], m["rejected_429"], m["errors_5xx"], m["lost"]) == (6, 3, 1, 1, 1)
+    assert m["goodput_rps"] == 1.0 and m["slo_attainment"] == pytest.approx(2 / 6)
+    assert m["ttft_p50_ms"] == 300 and m["chunk_hit_ratio"] == 0.75
+    assert m["user_prefix_hit_ratio"] == pytest.approx(2 / 3)
+    assert m["user_prefix_append_ratio"] == 0
+    assert m["queue_p50_ms"] == pytest.approx(149) and m["per_instance"] == {"0": 2, "1": 1}
+    lo, hi = m["ttft_p99_ci90"]
+    assert lo <= m["ttft_p99_ms"] <= hi
+
+
+def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
+    """Tiny: 6 requests per cell, one absolute and one capacity-relative rate, 3 series.
+    Asserts behaviour only (the machine may be busy): every request accounted for, no 5xx,
+    none lost, the outputs written, full reuses no chunk and rcllm does."""
+    from rcllm.serve.bench import register_bench
+
+    top = argparse.ArgumentParser()
+    register_bench(top.add_subparsers())
+    out = tmp_path / "sweep"
+    args = top.parse_args([
+        "serve", "--sweep", "--requests", "6", "--candidates", "6", "--rates", "6,0.5x",
+        "--methods", "full,rcllm:0.3:0.3", "--policies", "affinity,round-robin",
+        "--queue-size", "8", "--slo-ms", "60000", "--out", str(out),
+        "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1"])
+    assert args.func(args) == 0
+    report = json.loads((out / "sweep.json").read_text())
+    assert report["capacity_rps"] > 0 and report["trace"]["requests"] == 6
+    cells = report["cells"]
+    assert [(c["method"], c["policy"]) for c in cells[:3]] == [
+        ("full", "load-only"), ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.3/0.3", "round-robin")]
+    assert len(cells) == 6
+    assert cells[0]["rate_rps"] == 6 and cells[3]["rate_rps"] == pytest.approx(
+        0.5 * report["capacity_rps"])
+    for c in cells:
+        assert c["sent"] == 6 and c["ok"] + c["rejected_429"] == 6, c
+        assert c["errors_5xx"] == 0 and c["lost"] == 0 and c["other_4xx"] == 0
+        assert sum(c["per_instance"].values()) == c["ok"]
+        assert c["ttft_p50_ms"] <= c["ttft_p90_ms"] <= c["ttft_p99_ms"]
+        assert c["goodput_rps"] > 0 and c["slo_attainment"] == c["ok"] / 6
+        assert len(c["loadavg_1m"]) == 2
+    assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
+    assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")
+    assert {c["requests"][0]["status"] for c in cells} <= {200, 429}
+    table = (out / "sweep.md").read_text()
+    assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
+    assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6
+    for png in ("ttft_vs_rate_methods.png", "ttft_vs_rate_policies.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"

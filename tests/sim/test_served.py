@@ -1,0 +1,93 @@
+"""`rcllm sim sweep` (issue 30 item 2): the simulator's prediction of a served sweep from a
+profile fitted on a separate bench ttft run — the FIFO-per-instance model and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rcllm.routing.fit import predict_ms
+from rcllm.sim import served
+from rcllm.sim.cli import register
+
+
+def _fit_records(rng):
+    """bench ttft-like records made by a known linear model (fixed 20 ms, 1 ms per computed
+    token, reuse 0.1 ms per reused token for prefix/rcllm)."""
+    out = []
+    for method in ("full", "prefix", "rcllm"):
+        for _ in range(8):
+            ctx = int(rng.integers(300, 900))
+            comp = ctx if method == "full" else int(ctx * (0.8 if method == "prefix" else 0.3))
+            ms = 20 + comp + 0.1 * (ctx - comp) * (method != "full")
+            out.append({"method": method, "context_tokens": ctx, "recomputed_tokens": comp,
+                        "reused_tokens": ctx - comp, "ttft_ms": ms})
+    return out
+
+
+def _request(method, ctx, comp, instance, status=200):
+    return {"status": status, "method": method, "context_tokens": ctx,
+            "recomputed_tokens": comp, "instance": instance}
+
+
+def test_fifo_model_queues_only_when_busy():
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])
+    assert one == pytest.approx(520, rel=0.02)
+    reqs = [_request("full", 500, 500, 0) for _ in range(3)]
+    # spaced far apart: TTFT = service; all at once on one instance: they queue
+    ttft, _svc, own = served.simulate_cell([0, 10, 20], reqs, profile, 2, "affinity")
+    np.testing.assert_allclose(ttft, one, rtol=1e-6)
+    assert not own
+    ttft, _svc, _ = served.simulate_cell([0, 0, 0], reqs, profile, 2, "affinity")
+    np.testing.assert_allclose(ttft, [one, 2 * one, 3 * one], rtol=1e-6)
+    # load-only simulated spreads the same burst over both instances
+    ttft, _svc, own = served.simulate_cell([0, 0, 0], reqs, profile, 2, "load-only", "policy")
+    assert own and sorted(ttft) == pytest.approx([one, one, 2 * one])
+    # refused requests take no service
+    ttft, _, _ = served.simulate_cell([0, 0], [_request("full", 500, 500, 0, 429), reqs[0]],
+                                      profile, 2, "affinity")
+    assert ttft == pytest.approx([one])
+
+
+def test_sim_sweep_cli_writes_the_comparison(tmp_path):
+    import argparse
+
+    rng = np.random.default_rng(1)
+    fit = tmp_path / "ttft.json"
+    fit.write_text(json.dumps({"requests": _fit_records(rng)}))
+    cells = []
+    for rate in (1.0, 50.0):
+        arrivals = (np.arange(6) / rate).tolist()
+        reqs = [_request("rcllm", 600, 180, k % 2) for k in range(6)]
+        lat = served.simulate_cell(arrivals, reqs, served.fit_profile(_fit_records(
+            np.random.default_rng(1))), 2, "affinity")[0] * 1.1     # measured 10% slower
+        cells.append({"rate_rps": rate, "series": "rcllm-0.3/0.3 @ affinity",
+                      "method": "rcllm-0.3/0.3", "policy": "affinity", "arrivals_s": arrivals,
+                      "requests": reqs, "ttft_p50_ms": float(np.percentile(lat, 50)),
+                      "ttft_p99_ms": float(np.percentile(lat, 99)),
+                      "engine_ttft_p50_ms": 200.0})
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"name": "bench.serve.sweep", "instances": 2,
+                                 "capacity_rps": 10.0, "cells": cells}))
+    top = argparse.ArgumentParser()
+    bench = argparse.ArgumentParser().add_subparsers()
+    register(top.add_subparsers(), bench)
+    out = tmp_path / "out"
+    args = top.parse_args(["sim", "sweep", "--sweep-json", str(sweep), "--fit-json", str(fit),
+                           "--out", str(out)])
+    assert args.func(args) == 0
+    report = json.loads((out / "sim_sweep.json").read_text())
+    rows = report["rows"]
+    assert [r["below_capacity"] for r in rows] == [True, False]
+    for r in rows:
+        assert r["p50_rel_err"] == pytest.approx(1 - 1 / 1.1, abs=1e-6)
+    assert report["summary"]["within_15pct_below_capacity"] == 1
+    assert (out / "sim_sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "rcllm-0.3/0.3 @ affinity" in (out / "sim_sweep.md").read_text()
+    (tmp_path / "old.json").write_text(json.dumps({"name": "bench.serve.sweep", "cells": [
+        {**cells[0], "requests": [{"status": 200, "instance": 0}]}]}))
+    with pytest.raises(Exception, match="context_tokens"):
+        served.load_sweep(str(tmp_path / "old.json"))
