@@ -26,11 +26,11 @@ COMMAND_MODULES = (
     "rcllm.commands.finetune",
     "rcllm.commands.rank",
     "rcllm.commands.checkpoints",
-    "rcllm.sim.cli",
+    "rcllm.commands.sim",
     "rcllm.commands.kvstore",
     "rcllm.commands.shard",
     "rcllm.commands.userprefix",
-    "rcllm.serve.cli",
+    "rcllm.commands.serve",
 )
 
 

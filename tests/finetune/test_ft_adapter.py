@@ -75,7 +75,7 @@ def test_eval_adopts_the_adapter_prompt(adapter):
 def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path):
     """An adapter trained with train.reuse_tail = k is served with reuse.item_tail = k, naive
     reuse and its user side cached exactly (commands.engine_setup.adopt_adapter)."""
-    from rcllm.commands.engine_setup import adopt_adapter
+    from rcllm.launch import adopt_adapter
 
     cfg = tiny_ft_config(steps=2, reuse=True, reuse_tail=2)
     users = split_users(fav_dataset, cfg.train.fractions, cfg.train.split_seed)[0]

@@ -6,7 +6,7 @@ import dataclasses
 from kv_helpers import FP, make_entry
 
 from rcllm.commands.common import DEFAULT_SYNTHETIC
-from rcllm.commands.engine_setup import make_stored_engine
+from rcllm.launch import make_stored_engine
 from rcllm.config import ModelConfig, RcllmConfig
 from rcllm.eval.datasets import load_dataset
 from rcllm.eval.protocol import build_cases

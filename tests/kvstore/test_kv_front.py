@@ -116,7 +116,7 @@ def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
     """Write-back off the request path: a rank returns while its chunk builds still wait; they
     land afterwards, once each, and the next identical request hits every chunk."""
     from rcllm.commands.common import DEFAULT_SYNTHETIC
-    from rcllm.commands.engine_setup import make_stored_engine
+    from rcllm.launch import make_stored_engine
     from rcllm.config import ModelConfig, RcllmConfig
     from rcllm.eval.datasets import load_dataset
     from rcllm.eval.protocol import build_cases
@@ -175,7 +175,7 @@ def test_the_exact_user_side_is_built_behind_the_answer(tiny_model_dir):
     """reuse.user_side=behind on a store front: the miss is answered before the exact user
     side is computed (on the builder thread), and the next request hits it."""
     from rcllm.commands.common import DEFAULT_SYNTHETIC
-    from rcllm.commands.engine_setup import make_stored_engine
+    from rcllm.launch import make_stored_engine
     from rcllm.config import ModelConfig, RcllmConfig
     from rcllm.eval.datasets import load_dataset
     from rcllm.eval.protocol import build_cases

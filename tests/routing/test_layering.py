@@ -5,7 +5,7 @@ import sys
 
 MODULES = ["rcllm.routing", "rcllm.routing.validate", "rcllm.routing.vidur_fit",
            "rcllm.routing.fit", "rcllm.sim", "rcllm.sim.engine", "rcllm.sim.experiments",
-           "rcllm.sim.bench", "rcllm.sim.cli", "rcllm.sim.placement", "rcllm.sim.traces",
+           "rcllm.bench.sim", "rcllm.commands.sim", "rcllm.sim.placement", "rcllm.sim.traces",
            "rcllm.sim.plots"]
 
 

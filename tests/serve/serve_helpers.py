@@ -11,7 +11,7 @@ import time
 import httpx
 
 
-LAUNCH = ("import argparse, sys; from rcllm.serve.cli import register; "
+LAUNCH = ("import argparse, sys; from rcllm.commands.serve import register; "
           "p = argparse.ArgumentParser(); register(p.add_subparsers(), None); "
           "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
 

@@ -33,7 +33,7 @@ def test_bench_serve_phases(tiny_model_dir, tmp_path):
     restarted, and the instance killed, after a third / two thirds of the requests are
     answered (not at a fraction of the nominal time), and the Redis phase's last third is sent
     again past the client's retry window, so the restarted server is written to."""
-    from rcllm.serve.bench import register_bench
+    from rcllm.commands.bench_serve import register_bench
 
     top = argparse.ArgumentParser()
     register_bench(top.add_subparsers())          # what `rcllm bench` hands in
@@ -69,7 +69,7 @@ def test_bench_serve_phases(tiny_model_dir, tmp_path):
 def test_bench_serve_takes_the_retrieval_stage():
     """--candidate-source retrieval gives bench serve the retriever's shortlists (issue 18)."""
     from rcllm.commands.common import load_workload
-    from rcllm.serve.bench import register_bench
+    from rcllm.commands.bench_serve import register_bench
 
     top = argparse.ArgumentParser()
     register_bench(top.add_subparsers())

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from rcllm.errors import RcllmError
-from rcllm.serve.cli import register, settings_from
+from rcllm.commands.serve import register, settings_from
 
 from serve_helpers import serve_process
 
@@ -40,7 +40,7 @@ def test_serve_process_answers_on_loopback(tiny_model_dir):
 
 
 def test_userprefix_options_reach_the_engine_config():
-    from rcllm.serve.cli import spec_from
+    from rcllm.commands.serve import spec_from
 
     args = _parser().parse_args(["serve", "--scorer", "pointwise", "--userprefix-int8",
                                  "--userprefix-ttl", "30", "--userprefix-bytes", "1000000",
@@ -57,7 +57,7 @@ def test_userprefix_options_reach_the_engine_config():
 
 
 def test_a_bad_profile_file_is_refused_before_ray_starts(tmp_path):
-    from rcllm.serve.cli import make_backend
+    from rcllm.commands.serve import make_backend
 
     (tmp_path / "p.json").write_text("not json")
     args = _parser().parse_args(["serve", "--instances", "2", "--profile",

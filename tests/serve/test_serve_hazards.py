@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from rcllm.commands.engine_setup import make_stored_engine
+from rcllm.launch import make_stored_engine
 from rcllm.config import ModelConfig, RcllmConfig, ReuseConfig
 from rcllm.serve.app import create_app
 from rcllm.serve.host import EngineHost

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rcllm.commands.engine_setup import make_stored_engine
+from rcllm.launch import make_stored_engine
 from rcllm.config import RcllmConfig, load
 from rcllm.serve.app import create_app
 from rcllm.serve.local import LocalBackend

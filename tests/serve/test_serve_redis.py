@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from rcllm.commands.engine_setup import make_stored_engine
+from rcllm.launch import make_stored_engine
 from rcllm.config import ModelConfig, RcllmConfig
 from rcllm.errors import RcllmError
 from rcllm.kvstore.redis_server import RedisServer, redis_server_path

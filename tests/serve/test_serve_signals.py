@@ -18,7 +18,7 @@ import pytest
 
 from serve_helpers import LAUNCH
 
-BENCH_LAUNCH = ("import argparse, sys; from rcllm.serve.bench import register_bench; "
+BENCH_LAUNCH = ("import argparse, sys; from rcllm.commands.bench_serve import register_bench; "
                 "p = argparse.ArgumentParser(); register_bench(p.add_subparsers()); "
                 "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
 

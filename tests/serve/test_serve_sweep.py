@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from rcllm.errors import RcllmError
-from rcllm.serve import sweep
+from rcllm.bench import serve_sweep as sweep
 from rcllm.serve.trace import review_trace
 
 
@@ -75,7 +75,7 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     """Tiny: 6 requests per cell, one absolute and one capacity-relative rate, 3 series.
     Asserts behaviour only (the machine may be busy): every request accounted for, no 5xx,
     none lost, the outputs written, full reuses no chunk and rcllm does."""
-    from rcllm.serve.bench import register_bench
+    from rcllm.commands.bench_serve import register_bench
 
     top = argparse.ArgumentParser()
     register_bench(top.add_subparsers())
@@ -109,3 +109,9 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6
     for png in ("ttft_vs_rate_methods.png", "ttft_vs_rate_policies.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_policy_series_is_named_as_the_plots_read_it():
+    from rcllm.sim.plots import POLICY_SERIES
+
+    assert sweep.parse_method(sweep.POLICY_METHOD)[0] == POLICY_SERIES

@@ -10,7 +10,7 @@ import pytest
 
 from rcllm.routing.fit import predict_ms
 from rcllm.sim import served
-from rcllm.sim.cli import register
+from rcllm.commands.sim import register
 
 
 def _fit_records(rng):

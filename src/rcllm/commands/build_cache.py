@@ -54,7 +54,7 @@ def run(args) -> int:
     else:
         ds = load_data(args)
     from ..kvstore.wiring import close_store
-    from .engine_setup import make_stored_engine
+    from ..launch import make_stored_engine
 
     engine = make_stored_engine(cfg, ds.items, kv_dir=args.kv_dir)
     try:

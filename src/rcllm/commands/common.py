@@ -9,10 +9,10 @@ from typing import Sequence
 
 from ..config import RcllmConfig, describe, load
 from ..errors import RcllmError
+from ..launch import DEFAULT_SYNTHETIC, engine_config, load_data  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SYNTHETIC = {"num_users": 60, "num_items": 120, "seed": 0}
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -53,22 +53,6 @@ def print_retrieval_recall(recall: float | None) -> None:
               f"these requests (kept in the others)")
 
 
-def engine_config(args) -> RcllmConfig:
-    return load(RcllmConfig, args.config, args.overrides)
-
-
-def load_data(args):
-    """The dataset named by --data/--format/--category, or the built-in synthetic one."""
-    from ..eval.datasets import load_dataset
-
-    if args.data is None or args.format == "synthetic":
-        return load_dataset("", "synthetic", **DEFAULT_SYNTHETIC)
-    opts = {}
-    if args.format.startswith("amazon"):
-        opts["category"] = args.category or _first_category(args.data)
-    return load_dataset(args.data, args.format, **opts)
-
-
 def load_workload(args, users=None):
     """Returns (dataset, cases) for --data/--format or the built-in synthetic workload.
 
@@ -92,19 +76,10 @@ def load_workload(args, users=None):
     return ds, cases
 
 
-def _first_category(path: str) -> str | None:
-    import os
-
-    if not os.path.isdir(path):
-        return None
-    names = sorted(f[:-len("_5.json")] for f in os.listdir(path) if f.endswith("_5.json"))
-    return names[0] if names else None
-
-
 def make_engine(args, ds, scorer: str = "verbalizer", cfg: RcllmConfig | None = None):
     """The engine over the dataset's catalog; `--kv-dir` adds a checked disk tier (the same
     store `rank` and `serve` use, so their entries are interchangeable)."""
-    from .engine_setup import make_stored_engine
+    from ..launch import make_stored_engine
 
     cfg = cfg or engine_config(args)
     return make_stored_engine(cfg, ds.items, scorer, getattr(args, "kv_dir", None))

@@ -80,7 +80,7 @@ def kv_dir_of(args, cfg) -> str | None:
 
 def run(args) -> int:
     from ..kvstore.wiring import close_store, tiers
-    from .engine_setup import adopt_adapter, make_stored_engine, method_chosen
+    from ..launch import adopt_adapter, make_stored_engine, method_chosen
 
     req, method, overrides = parse_request(args.request)
     adopted = adopt_adapter(engine_config(args), args.adapter, args.scorer,

@@ -10,9 +10,11 @@ vidur operator timings, see `vidur_fit`); the CPU profile from `fit.fit_cpu_prof
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from pathlib import Path
+from typing import Any, Mapping
 
 from ..errors import RcllmError
 
@@ -145,3 +147,22 @@ def cpu_smollm2_profile() -> SpeedProfile:
         reuse_ms_per_token={"prefix": 0.0, "rcllm": ms_per_token / model.num_layers},
         host_bytes_per_s=math.inf, network_bytes_per_s=NETWORK_BYTES_PER_S,
         overlap_fraction=0.0, max_batch_tokens=1)
+
+
+# ---- profile files (a fitted profile saved at one start, loaded at the next) ----------
+def save_profile(profile: SpeedProfile, path: str | Path) -> None:
+    row = dataclasses.asdict(profile)
+    row["reuse_ms_per_token"] = dict(profile.reuse_ms_per_token)
+    Path(path).write_text(json.dumps(row, indent=1) + "\n", encoding="utf-8")
+
+
+def load_profile(path: str | Path) -> SpeedProfile:
+    """A profile written by `save_profile`; RcllmError when the file is not one."""
+    try:
+        row: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+        row["model"] = ModelSpec(**row["model"])
+        for key in ("host_bytes_per_s", "network_bytes_per_s"):
+            row[key] = float(row[key]) if row[key] is not None else math.inf
+        return SpeedProfile(**row)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise RcllmError(f"--profile {path}: not a saved speed profile ({exc})") from None

@@ -11,14 +11,9 @@ A fitted profile can be stored as JSON (`save_profile`) and loaded at the next s
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-from pathlib import Path
-from typing import Any
-
 from ..errors import RcllmError
 from ..routing import ModelSpec, SpeedProfile, cpu_smollm2_profile
+from ..routing.profiles import load_profile, save_profile  # noqa: F401 (the serve API)
 
 CALIBRATION_METHODS = ("full", "rcllm")
 REPEATS = 2                          # runs per (user, method); the fastest is kept
@@ -70,19 +65,3 @@ def fit_served_profile(points: list[Point], model: ModelSpec) -> SpeedProfile:
     return fitted.replace(name=base.name)
 
 
-def save_profile(profile: SpeedProfile, path: str | Path) -> None:
-    row = dataclasses.asdict(profile)
-    row["reuse_ms_per_token"] = dict(profile.reuse_ms_per_token)
-    Path(path).write_text(json.dumps(row, indent=1) + "\n", encoding="utf-8")
-
-
-def load_profile(path: str | Path) -> SpeedProfile:
-    """A profile written by `save_profile`; RcllmError when the file is not one."""
-    try:
-        row: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
-        row["model"] = ModelSpec(**row["model"])
-        for key in ("host_bytes_per_s", "network_bytes_per_s"):
-            row[key] = float(row[key]) if row[key] is not None else math.inf
-        return SpeedProfile(**row)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise RcllmError(f"--profile {path}: not a saved speed profile ({exc})") from None

@@ -28,14 +28,14 @@ class EngineSpec:
                                kv_dir=self.kv_dir)
 
     def dataset(self) -> Dataset:
-        from ..commands.common import load_data
+        from ..launch import load_data
 
         return load_data(self._args())
 
     def engine_config(self):
         """(config, scorer) with the adapter adopted (prompt settings, default method)."""
-        from ..commands.common import engine_config
-        from ..commands.engine_setup import adopt_adapter, method_chosen
+        from ..launch import engine_config
+        from ..launch import adopt_adapter, method_chosen
 
         adopted = adopt_adapter(engine_config(self._args()), self.adapter, self.scorer,
                                 keep_method=method_chosen(self.config, self.overrides))
@@ -47,7 +47,7 @@ class EngineSpec:
         cannot evict catalog item KV; `kv_dir` adds the disk tier, `redis_url` the Redis tier."""
         from dataclasses import replace
 
-        from ..commands.engine_setup import make_stored_engine
+        from ..launch import make_stored_engine
 
         cfg, scorer = self.engine_config()
         ds = self.dataset()

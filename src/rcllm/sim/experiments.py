@@ -40,7 +40,7 @@ class Scenario:
         """A built-in profile by name, or a profile file (`bench shapes --profile-out`,
         `serve --save-profile`) by path."""
         if self.profile.endswith(".json"):
-            from ..serve.calibrate import load_profile
+            from ..routing.profiles import load_profile
 
             return load_profile(self.profile)
         return builtin_profile(self.profile)

@@ -34,3 +34,46 @@ def plot(experiment: str, series: Series, path: str, subtitle: str = "") -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ---- rate sweeps: served cells and the simulator's prediction of them --------------
+def method_cell(c: dict) -> bool:
+    """A cell of a method series (full/prefix load-only, the rest by affinity)."""
+    return c["policy"] == ("load-only" if c["method"] in ("full", "prefix") else "affinity")
+
+
+# the name of the method the sweep's policy series runs (bench.serve_sweep.POLICY_METHOD)
+POLICY_SERIES = "rcllm-0.3/0.3"
+
+
+def policy_cell(c: dict) -> bool:
+    """A cell of the policy series (rcllm 0.3/0.3 under each policy)."""
+    return c["method"] == POLICY_SERIES
+
+
+def draw_sweep(ax, cells: list[dict], keep, label, title: str,
+               predicted: list[dict] | None = None) -> None:
+    """P50 (solid) and P99 (dashed) TTFT against rate on `ax`, one colour per label; with
+    `predicted` (the simulator's cells, same keys) hollow markers on dotted lines."""
+    import matplotlib.pyplot as plt
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, name in enumerate(sorted({label(c) for c in cells if keep(c)})):
+        col = colours[i % len(colours)]
+        for src, style, suffix in ((cells, ("-o", "--s"), ""), (predicted, (":o", ":s"), " sim")):
+            if src is None:
+                continue
+            mine = sorted((c for c in src if keep(c) and label(c) == name),
+                          key=lambda c: c["rate_rps"])
+            xs = [c["rate_rps"] for c in mine]
+            hollow = {"mfc": "none"} if suffix else {}
+            ax.plot(xs, [c["ttft_p50_ms"] for c in mine], style[0], color=col,
+                    label=f"{name} P50{suffix}", **hollow)
+            ax.plot(xs, [c["ttft_p99_ms"] for c in mine], style[1], color=col,
+                    label=f"{name} P99{suffix}", **hollow)
+    ax.set_yscale("log")
+    ax.set_xlabel("request rate (requests/s)")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))

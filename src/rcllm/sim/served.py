@@ -172,7 +172,7 @@ def plot_compare(cells: list[dict], predicted: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..serve.sweep import draw_sweep, method_cell, policy_cell
+    from .plots import draw_sweep, method_cell, policy_cell
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
     draw_sweep(axes[0], cells, method_cell, lambda c: c["method"],

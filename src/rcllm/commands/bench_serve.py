@@ -28,8 +28,8 @@ COLUMNS = ("config", "phase", "sent", "ok", "rejected_429", "failed", "throughpu
 
 
 def register_bench(bench) -> None:
-    from . import sweep
-    from ..commands.common import add_candidate_source_option, add_data_options, add_engine_options
+    from ..bench import serve_sweep as sweep
+    from .common import add_candidate_source_option, add_data_options, add_engine_options
 
     p = bench.add_parser("serve", help="serving throughput / TTFT, 1 vs K instances, policies; "
                                        "faults and a soak as options")
@@ -65,7 +65,7 @@ def register_bench(bench) -> None:
     p.add_argument("--fault-instance", action="store_true",
                    help="phase (last): the workload again, instance 0 killed once 1/3 is answered")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-    g = p.add_argument_group("rate sweep (--sweep; serve/sweep.py)")
+    g = p.add_argument_group("rate sweep (--sweep; bench/serve_sweep.py)")
     g.add_argument("--sweep", action="store_true",
                    help="TTFT under load per method and routing policy over a rate sweep, on "
                         "--instances Ray instances with a private Redis; the workload is the "
@@ -110,8 +110,8 @@ def _warmup_count(arg: str, n: int) -> int:
 def _phases(args, backend, url: str, bodies: list[dict], redis):
     """Yields (phase, summary) for the measured phases of one configuration, in order (module
     docstring), each as soon as it ends."""
-    from . import phases
-    from .loadgen import run_load
+    from ..serve import phases
+    from ..serve.loadgen import run_load
 
     steady = run_load(url, bodies, args.qps)
     yield "steady", steady
@@ -131,26 +131,26 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 
 
 def run(args) -> int:
-    from . import lifecycle
+    from ..serve import lifecycle
 
     with lifecycle.stop_signals_exit():   # SIGTERM / SIGHUP: Redis and Ray stopped as on ^C
         if getattr(args, "sweep", False):
-            from .sweep import run_sweep
+            from ..bench.serve_sweep import run_sweep
 
             return run_sweep(args)
         return _run(args)
 
 
 def _run(args) -> int:
-    from . import lifecycle, phases
-    from ..commands.common import load_workload, print_retrieval_recall
-    from .app import create_app
+    from ..serve import lifecycle, phases
+    from .common import load_workload, print_retrieval_recall
+    from ..serve.app import create_app
     from ..eval.protocol import retrieval_recall
-    from .loadgen import run_load
-    from .router import RayBackend
-    from .server import start_in_thread
-    from .settings import ServeSettings
-    from .spec import EngineSpec
+    from ..serve.loadgen import run_load
+    from ..serve.router import RayBackend
+    from ..serve.server import start_in_thread
+    from ..serve.settings import ServeSettings
+    from ..serve.spec import EngineSpec
 
     if args.fault_redis and not args.redis_local:
         raise RcllmError("--fault-redis needs --redis-local (the run must own the server)")

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..errors import RcllmError
 from ..report import markdown_table
+from ..sim.plots import draw_sweep, method_cell, policy_cell  # noqa: F401 (shared with sim)
 
 DEFAULT_METHODS = "full,prefix,rcllm:0.3:0.3,rcllm:0.15:0.15"
 DEFAULT_POLICIES = "affinity,hit-only,load-only,round-robin"
@@ -175,7 +176,7 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
 def _waves(url: str, bodies: list[dict], size: int) -> dict:
     """`bodies` in waves of `size` sent at once, each wave after the last is answered (the
     warm-up and the capacity probe: as fast as the deployment goes, never refused)."""
-    from .loadgen import run_load
+    from ..serve.loadgen import run_load
 
     rows: list[dict] = []
     t0 = time.perf_counter()
@@ -189,19 +190,19 @@ def _waves(url: str, bodies: list[dict], size: int) -> dict:
 
 def run_sweep(args) -> int:
     """Runs the sweep the arguments describe and writes its outputs (module docstring)."""
-    from ..commands.common import load_data
+    from ..launch import load_data
     from ..kvstore.redis_server import RedisServer
     from ..routing import routing_policy
-    from . import lifecycle
-    from .app import create_app
-    from .loadgen import run_load
-    from .phases import _redated, wait_for_builds
-    from .router import RayBackend
-    from .server import start_in_thread
-    from .settings import ServeSettings
-    from .spec import EngineSpec
-    from .trace import review_trace
-    from .views import UserResidency
+    from ..serve import lifecycle
+    from ..serve.app import create_app
+    from ..serve.loadgen import run_load
+    from ..serve.phases import _redated, wait_for_builds
+    from ..serve.router import RayBackend
+    from ..serve.server import start_in_thread
+    from ..serve.settings import ServeSettings
+    from ..serve.spec import EngineSpec
+    from ..serve.trace import review_trace
+    from ..serve.views import UserResidency
 
     logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
     series = series_of(args.methods, args.policies, bool(args.adapter))
@@ -322,44 +323,6 @@ def write_outputs(report: dict, out: str) -> None:
     plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_policies.png"), policy_cell,
                lambda c: c["policy"],
                f"TTFT against rate per routing policy ({parse_method(POLICY_METHOD)[0]})")
-
-
-def method_cell(c: dict) -> bool:
-    """A cell of a method series (full/prefix load-only, the rest by affinity)."""
-    return c["policy"] == ("load-only" if c["method"] in ("full", "prefix") else "affinity")
-
-
-def policy_cell(c: dict) -> bool:
-    """A cell of the policy series (rcllm 0.3/0.3 under each policy)."""
-    return c["method"] == parse_method(POLICY_METHOD)[0]
-
-
-def draw_sweep(ax, cells: list[dict], keep, label, title: str,
-               predicted: list[dict] | None = None) -> None:
-    """P50 (solid) and P99 (dashed) TTFT against rate on `ax`, one colour per label; with
-    `predicted` (the simulator's cells, same keys) hollow markers on dotted lines."""
-    import matplotlib.pyplot as plt
-
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, name in enumerate(sorted({label(c) for c in cells if keep(c)})):
-        col = colours[i % len(colours)]
-        for src, style, suffix in ((cells, ("-o", "--s"), ""), (predicted, (":o", ":s"), " sim")):
-            if src is None:
-                continue
-            mine = sorted((c for c in src if keep(c) and label(c) == name),
-                          key=lambda c: c["rate_rps"])
-            xs = [c["rate_rps"] for c in mine]
-            hollow = {"mfc": "none"} if suffix else {}
-            ax.plot(xs, [c["ttft_p50_ms"] for c in mine], style[0], color=col,
-                    label=f"{name} P50{suffix}", **hollow)
-            ax.plot(xs, [c["ttft_p99_ms"] for c in mine], style[1], color=col,
-                    label=f"{name} P99{suffix}", **hollow)
-    ax.set_yscale("log")
-    ax.set_xlabel("request rate (requests/s)")
-    ax.set_ylabel("TTFT (ms)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def plot_sweep(cells: list[dict], path: str, keep, label, title: str) -> None:

@@ -10,10 +10,10 @@ from ..routing.cost import CostModel, MethodConfig
 from ..routing.policies import routing_policy
 from ..routing.views import ClusterView, RoutingRequest
 from ..routing.vidur_fit import builtin_profile
-from .engine import SimConfig, simulate
-from .experiments import shape_of
-from .placement import build_locality
-from .workload import SyntheticSpec, poisson_arrivals_ms, synthetic_workload
+from ..sim.engine import SimConfig, simulate
+from ..sim.experiments import shape_of
+from ..sim.placement import build_locality
+from ..sim.workload import SyntheticSpec, poisson_arrivals_ms, synthetic_workload
 
 
 def bench_simulator(num_requests: int, num_instances: int, seed: int = 0) -> dict[str, float]:

@@ -1,6 +1,8 @@
-"""An engine on a checked, tiered chunk store, and a tuned adapter adopted whole.
+"""What a launched process builds, shared by the CLI commands and the server: the config from
+`--config`/`--set`, the dataset by name, and an engine on a checked, tiered chunk store with a
+tuned adapter adopted whole.
 
-Used by `rank`, `build-cache` and `serve`: `make_stored_engine` builds memory → disk
+`make_stored_engine` builds memory → disk
 (`kvstore.wiring.build_store`), the engine, then hands every tier the engine's `KeyCheck`
 (fingerprint + the kind tags it really keys chunks under), so entries on disk are validated on
 read and a put with a foreign key is refused. `adopt_adapter` applies `--adapter PATH`: the
@@ -12,7 +14,32 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..config import RcllmConfig
+from .config import RcllmConfig, load
+
+DEFAULT_SYNTHETIC = {"num_users": 60, "num_items": 120, "seed": 0}
+
+
+def engine_config(args) -> RcllmConfig:
+    return load(RcllmConfig, args.config, args.overrides)
+
+
+def load_data(args):
+    """The dataset named by --data/--format/--category, or the built-in synthetic one."""
+    from .eval.datasets import load_dataset
+
+    if args.data is None or args.format == "synthetic":
+        return load_dataset("", "synthetic", **DEFAULT_SYNTHETIC)
+    opts = {}
+    if args.format.startswith("amazon"):
+        opts["category"] = args.category or _first_category(args.data)
+    return load_dataset(args.data, args.format, **opts)
+
+
+def _first_category(path: str) -> str | None:
+    if not os.path.isdir(path):
+        return None
+    names = sorted(f[:-len("_5.json")] for f in os.listdir(path) if f.endswith("_5.json"))
+    return names[0] if names else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +76,7 @@ def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
     path = adapter or cfg.model.adapter or None
     if not path:
         return Adopted(cfg, scorer or "verbalizer", None)
-    from ..finetune.adapter import eval_settings, trained_method, trained_scorer
+    from .finetune.adapter import eval_settings, trained_method, trained_scorer
 
     cfg, _fractions, _seed = eval_settings(cfg, path)
     if not keep_method:
@@ -64,10 +91,10 @@ def make_stored_engine(cfg: RcllmConfig, items, scorer: str = "verbalizer",
                        redis_url: str | None = None, encoding: str = "raw"):
     """The engine over `items` (a dict it may mutate) on a store per `build_store`, with the
     engine's KeyCheck attached to every tier."""
-    from ..engine import Engine
-    from ..kvstore.wiring import (DEFAULT_DISK_BYTES, attach_check, build_store,
+    from .engine import Engine
+    from .kvstore.wiring import (DEFAULT_DISK_BYTES, attach_check, build_store,
                                   engine_key_check)
-    from ..model.loading import load_model
+    from .model.loading import load_model
 
     loaded = load_model(cfg.model)
     store = build_store(cfg.reuse.store_bytes, kv_dir, disk_bytes or DEFAULT_DISK_BYTES,

@@ -30,8 +30,8 @@ COLUMNS = {
 
 
 def _workload(args):
-    from .traces import trace_workload
-    from .workload import SyntheticSpec, synthetic_workload
+    from ..sim.traces import trace_workload
+    from ..sim.workload import SyntheticSpec, synthetic_workload
     if args.data or args.format:
         return trace_workload(args.data or "", args.format or "amazon2018",
                               num_requests=args.requests, seed=args.seed,
@@ -45,8 +45,8 @@ def _workload(args):
 
 
 def _run(args) -> int:
-    from . import experiments as ex
-    from .plots import plot
+    from ..sim import experiments as ex
+    from ..sim.plots import plot
     wl = _workload(args)
     placement = args.placement or ("metis" if wl.community is None else "community")
     sc = ex.Scenario(profile=args.profile, placement=placement, load=args.load, seed=args.seed,
@@ -114,7 +114,7 @@ def _validate(args) -> int:
 
 
 def _sweep(args) -> int:
-    from .served import fit_profile, load_sweep, predict_sweep, write_outputs
+    from ..sim.served import fit_profile, load_sweep, predict_sweep, write_outputs
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
@@ -151,7 +151,7 @@ SIM_TARGET_S, ROUTING_TARGET_US = 30.0, 100.0
 
 def _bench(args) -> int:
     from ..errors import RcllmError
-    from .bench import bench_routing, bench_simulator
+    from ..bench.sim import bench_routing, bench_simulator
     if args.requests < 1 or args.instances < 1:
         raise RcllmError("--requests and --instances must be >= 1")
     sim = bench_simulator(args.requests, args.instances, args.seed)

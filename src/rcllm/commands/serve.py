@@ -12,9 +12,9 @@ log = logging.getLogger(__name__)
 
 
 def register(top, bench) -> None:
-    from ..commands.common import add_engine_options
+    from .common import add_engine_options
     from ..routing import POLICIES
-    from .settings import ServeSettings
+    from ..serve.settings import ServeSettings
 
     d = ServeSettings()
     p = top.add_parser("serve", help="serve the ranking API over HTTP (127.0.0.1 by default)",
@@ -81,13 +81,13 @@ def register(top, bench) -> None:
                    help="write the profile the router uses to PATH (JSON), for --profile PATH")
     p.set_defaults(func=run)
     if bench is not None:
-        from .bench import register_bench
+        from .bench_serve import register_bench
 
         register_bench(bench)
 
 
 def settings_from(args):
-    from .settings import ServeSettings
+    from ..serve.settings import ServeSettings
 
     token = None
     if args.token_env:
@@ -118,7 +118,7 @@ def userprefix_overrides(args) -> list[str]:
 def spec_from(args):
     """The EngineSpec of the arguments (checked: a bad option is refused before anything
     starts)."""
-    from .spec import EngineSpec
+    from ..serve.spec import EngineSpec
 
     if args.history_kv_bytes < 1:
         raise RcllmError("--history-kv-bytes must be positive")
@@ -139,17 +139,17 @@ def make_backend(args):
     spec = spec_from(args)
     if args.instances > 1 or args.address:
         try:
-            from .router import RayBackend
+            from ..serve.router import RayBackend
         except ImportError as exc:
             raise RcllmError(f"--instances needs ray ({exc}); pip install ray") from None
         profile = getattr(args, "profile", "calibrate")
         if profile not in ("calibrate", "builtin"):
-            from .calibrate import load_profile
+            from ..serve.calibrate import load_profile
 
             profile = load_profile(profile)     # a bad file is refused before Ray starts
         return RayBackend(spec, args.instances, args.queue_size, args.policy, args.address,
                           profile=profile, save_profile_to=getattr(args, "save_profile", None))
-    from .local import LocalBackend
+    from ..serve.local import LocalBackend
 
     engine, ds = spec.build()
     if args.build_items:
@@ -160,7 +160,7 @@ def make_backend(args):
 
 
 def run(args) -> int:
-    from . import lifecycle
+    from ..serve import lifecycle
 
     with lifecycle.stop_signals_exit():       # SIGTERM / SIGHUP stop Redis and Ray too
         return _run(args)
@@ -169,8 +169,8 @@ def run(args) -> int:
 def _run(args) -> int:
     import uvicorn
 
-    from . import lifecycle
-    from .app import create_app
+    from ..serve import lifecycle
+    from ..serve.app import create_app
 
     settings = settings_from(args)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
