@@ -14,6 +14,14 @@ import os
 from typing import Any, Iterable, Mapping, Sequence
 
 
+# said wherever an engine without an adapter ranks (rank, the demo, bench ttft, serve's start-up
+# log, /healthz and the page at /ui): the bundled base model's rankings do not follow content
+UNTUNED_NOTE = ("no adapter: the base model ranks untuned, its rankings do not follow the "
+                "user's history or the items (speeds are real, rankings are not). Train one for "
+                "your data with `rcllm finetune --data PATH --category NAME` and pass "
+                "`--adapter DIR` (README, 'Fine-tuning the ranker')")
+
+
 def _plain(value: Any) -> Any:
     """Converts dataclasses, tuples, numpy and torch scalars into JSON-ready values."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -123,7 +123,7 @@ def test_items_put_and_delete_are_seen_by_later_requests(client, rank_bodies):
 
 
 def test_health_metrics_and_token(served, client, rank_bodies):
-    assert client.get("/healthz").json() == {"ok": True}
+    assert client.get("/healthz").json() == {"ok": True, "untuned": False, "note": None}
     assert client.get("/readyz").json()["ready"] is True
     client.post("/v1/rank", json=rank_bodies[0])
     text = client.get("/metrics").text
@@ -142,3 +142,19 @@ def test_health_metrics_and_token(served, client, rank_bodies):
         assert ok.status_code == 200
     finally:
         locked.stop()
+
+
+def test_an_untuned_server_says_so(served):
+    """Without an adapter the rankings are the base model's: /healthz and the page's user list
+    carry the note (the start-up log prints it: commands/serve.py)."""
+    from fastapi.testclient import TestClient
+
+    from rcllm.report import UNTUNED_NOTE
+
+    app = create_app(served[1], ServeSettings(queue_size=2), own_backend=False, untuned=True)
+    with TestClient(app) as c:
+        health = c.get("/healthz").json()
+        assert health["untuned"] is True and health["note"] == UNTUNED_NOTE
+        page = c.get("/v1/ui/users").json()
+        assert page["untuned"] is True and "ranks untuned" in page["note"]
+        assert 'id="untuned"' in c.get("/ui").text

@@ -7,6 +7,7 @@ import logging
 import os
 
 from ..errors import RcllmError
+from ..report import UNTUNED_NOTE
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,12 @@ def _run(args) -> int:
     try:
         backend = make_backend(args)
         lifecycle.install()                  # ray.init put its own SIGTERM handler in place
-        app = create_app(backend, settings, dataset=getattr(backend, "dataset", None))
+        # no adapter: the start-up log, /healthz and the page say the rankings are untuned
+        untuned = not spec_from(args).engine_config()[0].model.adapter
+        app = create_app(backend, settings, dataset=getattr(backend, "dataset", None),
+                         untuned=untuned)
+        if untuned:
+            print(f"note: {UNTUNED_NOTE}")
         print(f"rcllm serving on http://{settings.host}:{settings.port} (docs at /docs, "
               f"explain page at /ui)")
         # uvicorn stops gracefully on SIGINT/SIGTERM (closing the backend: Ray's actors and

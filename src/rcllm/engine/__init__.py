@@ -8,7 +8,8 @@
 """
 
 from ..config import REUSE_METHODS
-from .core import UNTUNED_NOTE, Engine
+from ..report import UNTUNED_NOTE
+from .core import Engine
 from .records import SOURCES, RankResult, RankStats
 from .scorers import SCORERS, Scorer, make_scorer
 

@@ -35,12 +35,6 @@ from .records import RankResult
 from .scorers import SCORERS, make_scorer
 
 log = logging.getLogger(__name__)
-# said wherever an engine without an adapter ranks (the CLI, the demo, serve's log, /healthz
-# and its page): the bundled base model's rankings do not follow the content
-UNTUNED_NOTE = ("no adapter: the base model ranks untuned, its rankings do not follow the "
-                "user's history or the items (speeds are real, rankings are not). Train one for "
-                "your data with `rcllm finetune --data PATH --category NAME` and pass "
-                "`--adapter DIR` (README, 'Fine-tuning the ranker')")
 
 
 class Engine:
@@ -84,7 +78,7 @@ class Engine:
 
     @property
     def untuned(self) -> bool:
-        """True when no adapter is merged: the rankings are the base model's (UNTUNED_NOTE)."""
+        """True when no adapter is merged: the rankings are the base model's (report.UNTUNED_NOTE)."""
         return not self.cfg.model.adapter
 
     # ---- chunk KV (prefill.chunks) --------------------------------------------------------

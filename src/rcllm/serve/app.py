@@ -19,6 +19,7 @@ from starlette.routing import Match
 
 from ..errors import RcllmError
 from ..records import Dataset, Item, ItemId
+from ..report import UNTUNED_NOTE
 from . import ui
 from .backend import Backend
 from .guard import Guard
@@ -51,9 +52,10 @@ def field_of(message: str) -> str:
 
 
 def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = True,
-               dataset: Dataset | None = None) -> FastAPI:
+               dataset: Dataset | None = None, untuned: bool = False) -> FastAPI:
     """The app over `backend`; closes the backend on shutdown when it owns it. `dataset`: the
-    loaded data whose users the page at /ui lists (ui.py)."""
+    loaded data whose users the page at /ui lists (ui.py). `untuned`: the engines serve the
+    base model without an adapter; /healthz and the page say so (report.UNTUNED_NOTE)."""
     settings.validate()
 
     @asynccontextmanager
@@ -100,6 +102,15 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
         except asyncio.TimeoutError:
             raise StarletteHTTPException(504, "the request timed out") from None
 
+    _item_routes(app, backend, settings)
+    _health_routes(app, backend, metrics, untuned)
+    ui.mount(app, backend, settings.max_candidates, dataset, untuned)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
+                       count=lambda ep, status: metrics.requests.labels(ep, str(status)).inc())
+    return app
+
+
+def _item_routes(app: FastAPI, backend: Backend, settings: ServeSettings) -> None:
     # Handlers that may block (the engine lock, ray.get) are plain `def`: FastAPI runs them in
     # its thread pool, so the event loop (and /healthz) never waits on an engine call.
     @app.put("/v1/items", response_model=ItemsAccepted, status_code=202, responses=ERRORS)
@@ -127,9 +138,11 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
             raise StarletteHTTPException(404, f"unknown item {item_id!r}")
         return Response(status_code=204)
 
+
+def _health_routes(app: FastAPI, backend: Backend, metrics: Metrics, untuned: bool) -> None:
     @app.get("/healthz")
     async def healthz() -> dict:
-        return {"ok": True}
+        return {"ok": True, "untuned": untuned, "note": UNTUNED_NOTE if untuned else None}
 
     @app.get("/readyz", responses={503: {"model": ErrorOut}})
     def readyz() -> Response:
@@ -140,11 +153,6 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
-    ui.mount(app, backend, settings.max_candidates, dataset)
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
-                       count=lambda ep, status: metrics.requests.labels(ep, str(status)).inc())
-    return app
 
 
 def _install_handlers(app: FastAPI, metrics: Metrics) -> None:

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import METHODS
 from ..errors import RcllmError
-from ..report import compare, stylesheet
+from ..report import UNTUNED_NOTE, compare, stylesheet
 from ..records import Dataset, ItemId
 
 if TYPE_CHECKING:                  # the app imports this module; torch only where it ranks
@@ -99,7 +99,7 @@ def _static(name: str) -> str:
 
 
 def mount(app: FastAPI, backend: Any, max_candidates: int,
-          dataset: Dataset | None = None) -> None:
+          dataset: Dataset | None = None, untuned: bool = False) -> None:
     """GET /ui, /ui/static/{name} (no data, open) and GET /v1/ui/users (guarded)."""
     cache: dict[str, Any] = {}
 
@@ -124,4 +124,5 @@ def mount(app: FastAPI, backend: Any, max_candidates: int,
             cache["users"] = user_requests(dataset, window or 10, min(max_candidates, 10))
             cache["method"] = cfg.reuse.method if cfg is not None else None
         return {"methods": list(METHODS), "default_method": cache["method"],
-                "explain": getattr(backend, "host", None) is not None, "users": cache["users"]}
+                "explain": getattr(backend, "host", None) is not None, "users": cache["users"],
+                "untuned": untuned, "note": UNTUNED_NOTE if untuned else None}

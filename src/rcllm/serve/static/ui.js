@@ -51,6 +51,7 @@
       status(users.length ? `${users.length} users loaded; pick one or paste a request.`
         : "No dataset users on this server: paste a request.");
       if (!d.explain) status("This backend cannot explain (Ray instances): run without --instances.", true);
+      if (d.untuned) { $("untuned").textContent = d.note; $("untuned").hidden = false; }
     } catch (e) { status(e.message + (e.message.startsWith("401") ? " (enter the bearer token)" : ""), true); }
   }
   function pick() {
