@@ -69,18 +69,47 @@ def test_eval_adopts_the_adapter_prompt(adapter):
     got, fractions, seed = eval_settings(RcllmConfig(), folder)
     assert got.prompt == cfg.prompt and got.model.adapter == str(folder)
     assert fractions == (0.8, 0.1, 0.1) and seed == 0
-    assert got.reuse.item_tail == 0 and got.reuse.user_side == "reuse"
+    # the default (joint) adapter is served on the fast path it was trained for
+    assert got.reuse.item_tail == 1 and got.reuse.user_side == "behind"
+
+
+def test_adapter_of_another_prompt_version_is_refused(adapter):
+    """An adapter records the prompt version it was trained on; loading or evaluating it under
+    another is refused with a message that says what to do."""
+    from rcllm.prompt.builder import PROMPT_VERSION
+
+    cfg, folder = adapter
+    manifest = json.loads((folder / "adapter.json").read_text())
+    assert manifest["prompt_version"] == PROMPT_VERSION
+    manifest.pop("prompt_version")  # an adapter from before the field: version 1
+    (folder / "adapter.json").write_text(json.dumps(manifest))
+    with pytest.raises(RcllmError, match="prompt version 1.*rcllm finetune"):
+        load_model(dataclasses.replace(cfg.model, adapter=str(folder)))
+    with pytest.raises(RcllmError, match="prompt version 1"):
+        eval_settings(RcllmConfig(), folder)
 
 
 def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path):
-    """An adapter trained with train.reuse_tail = k is served with reuse.item_tail = k, naive
-    reuse and its user side cached exactly (commands.engine_setup.adopt_adapter)."""
+    """An adapter trained for the fast path with item tail k (the manifest's fast_path) is
+    served with reuse.item_tail = k, naive reuse and its user side cached exactly
+    (launch.adopt_adapter); a full-path adapter keeps rcllm and no tail."""
     from rcllm.launch import adopt_adapter
+    from rcllm.finetune.adapter import read_manifest, trained_method
 
-    cfg = tiny_ft_config(steps=2, reuse=True, reuse_tail=2)
+    full = tiny_ft_config(steps=2, path="full")
+    users = split_users(fav_dataset, full.train.fractions, full.train.split_seed)[0]
+    Trainer(load_model(full.model), fav_dataset, users, full, tmp_path / "full", "k").run(
+        progress=False)
+    assert read_manifest(tmp_path / "full")["fast_path"] is None
+    assert trained_method(tmp_path / "full") == "rcllm"
+    got = eval_settings(RcllmConfig(), tmp_path / "full")[0]
+    assert got.reuse.item_tail == 0 and got.reuse.user_side == "reuse"
+    cfg = tiny_ft_config(steps=2, reuse_tail=2)
     users = split_users(fav_dataset, cfg.train.fractions, cfg.train.split_seed)[0]
     folder = tmp_path / "tail"
     Trainer(load_model(cfg.model), fav_dataset, users, cfg, folder, "k").run(progress=False)
+    assert read_manifest(folder)["fast_path"] == {"method": "naive", "item_tail": 2,
+                                                  "user_side": "exact"}
     assert eval_settings(RcllmConfig(), folder)[0].reuse.item_tail == 2
     adopted = adopt_adapter(RcllmConfig(), str(folder), None)
     assert (adopted.cfg.reuse.item_tail, adopted.cfg.reuse.method) == (2, "naive")
@@ -98,7 +127,7 @@ def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path
 def test_eval_scorer_follows_the_objective(adapter, tiny_ft_config, fav_dataset, tmp_path):
     _, folder = adapter
     assert trained_scorer(folder) == "pointwise"
-    cfg = tiny_ft_config(steps=2, objective="listwise")
+    cfg = tiny_ft_config(steps=2, objective="listwise", path="full")
     users = split_users(fav_dataset, cfg.train.fractions, cfg.train.split_seed)[0]
     listwise = tmp_path / "listwise"
     Trainer(load_model(cfg.model), fav_dataset, users, cfg, listwise, "k").run(progress=False)

@@ -8,7 +8,8 @@ import pytest
 
 from rcllm.cli import main
 
-TINY_TRAIN = ["--set", "train.steps=3", "--set", "train.candidates=5", "--set",
+TINY_TRAIN = ["--set", "train.steps=3", "--set", "train.batch=2", "--set", "train.candidates=5",
+              "--set", "train.val_users=3", "--set", "train.val_candidates=5", "--set",
               "prompt.history_window=2", "--set", "prompt.max_item_tokens=8", "--set",
               "prompt.max_review_tokens=8", "--set", "lora.rank=2", "--set",
               "lora.first_layer=1"]
@@ -25,7 +26,12 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     folders = list((tmp_path / "cache" / "adapters").iterdir())
     assert len(folders) == 1 and (folders[0] / "adapter.json").exists()
-    assert "loss per" in out
+    # the curves are printed, and saved next to the adapter with the chance line
+    assert "validation (chance ln C = 1.609" in out and "prompts/s" in out
+    assert (folders[0] / "curves.json").exists() and (folders[0] / "curves.png").exists()
+    curves = json.loads((folders[0] / "curves.json").read_text())
+    assert [r["step"] for r in curves["validation"]] == [0, 3]
+    assert {"ce_full", "ce_reuse", "kl"} <= set(curves["train"][0])
     # the same command again finds the finished adapter in its cache folder
     assert main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
                  *TINY_TRAIN]) == 0
@@ -51,7 +57,8 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--set", "train.steps=0"], "train.steps"),
+    (["--set", "train.batch=0"], "train.batch"),
+    (["--set", "train.path=both"], "train.path"),
     (["--set", "lora.targets=q,z"], "lora.targets"),
     (["--set", "train.targets=first"], "train.targets"),
     (["--set", "train.split=0.5,0.5"], "train.split"),
@@ -82,8 +89,8 @@ def test_recipe_chains_its_stages_and_finds_them_again(tiny_model_dir, tmp_path,
     from rcllm.commands import finetune as cmd
     from rcllm.finetune.adapter import read_manifest
 
-    stages = (("standard", ("train.steps=3",)),
-              ("tail", ("train.reuse=true", "train.reuse_tail=1", "train.steps=2",
+    stages = (("standard", ("train.steps=3", "train.path=full")),
+              ("tail", ("train.path=reuse", "train.reuse_tail=1", "train.steps=2",
                         "train.lr=5e-4")))
     monkeypatch.setitem(cmd.RECIPES, "item-tail", stages)
     common = ["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
@@ -94,8 +101,8 @@ def test_recipe_chains_its_stages_and_finds_them_again(tiny_model_dir, tmp_path,
     folders = sorted((tmp_path / "cache" / "adapters").iterdir())
     assert len(folders) == 2
     manifests = {f.name: read_manifest(f) for f in folders}
-    tail = next(m for m in manifests.values() if m["train"]["reuse"])
-    first = next(m for m in manifests.values() if not m["train"]["reuse"])
+    tail = next(m for m in manifests.values() if m["train"]["path"] == "reuse")
+    first = next(m for m in manifests.values() if not m["train"]["path"] == "reuse")
     # the second stage starts from the first one's factors and says so by checksum
     assert tail["train"]["init_sha256"] == first["sha256"]
     assert tail["train"]["steps"] == 2 and tail["train"]["reuse_tail"] == 1
@@ -104,7 +111,7 @@ def test_recipe_chains_its_stages_and_finds_them_again(tiny_model_dir, tmp_path,
     assert main(common) == 0
     assert capsys.readouterr().out.count("already trained") == 2
     # a finished adapter given as the first stage: the later stages start from it
-    first_dir = next(f for f in folders if not manifests[f.name]["train"]["reuse"])
+    first_dir = next(f for f in folders if not manifests[f.name]["train"]["path"] == "reuse")
     assert main([*common, "--set", f"train.init={first_dir}"]) == 0
     out = capsys.readouterr().out
     assert f"given by train.init: {first_dir}" in out and out.count("already trained") == 1

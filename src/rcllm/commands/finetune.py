@@ -1,4 +1,5 @@
-"""`rcllm finetune`: LoRA fine-tuning of the model as a listwise ranker (docs/finetune.md)."""
+"""`rcllm finetune`: LoRA fine-tuning of the model as a ranker on the full and the fast path
+(docs/finetune.md)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ ADAPTER_FILES = ("adapter.json", "adapter.safetensors")
 CHECKPOINT_FILES = ("checkpoint/state.json", "checkpoint/state.safetensors")
 
 # `--recipe NAME`: named chains of runs, each stage warm-started from the one before
-# (`train.init`); the stages are the ones measured in docs/finetune.md. A stage is (label,
-# overrides); the user's --set options apply to every stage and may not name a key a stage sets.
-TAIL = ("train.reuse=true", "train.reuse_tail=1")
+# (`train.init`). A stage is (label, overrides); the user's --set options apply to every stage
+# and may not name a key a stage sets. Superseded by the default joint objective (one run
+# trains the full and the reuse path together); kept so that the measured chain can be rerun.
+FORMER = ("train.batch=1", "train.val_users=0")  # one prompt per step, no validation
+TAIL = ("train.path=reuse", "train.reuse_tail=1", *FORMER)
 RECIPES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    # Gift Cards (session 6): the standard adapter, then three item-tail stages
+    # Gift Cards (2026-12-01): the standard adapter, then three item-tail stages
     "item-tail": (
-        ("standard", ()),
+        ("standard", ("train.path=full", "train.steps=720", *FORMER)),
         ("item tail, stage 1", (*TAIL, "train.lr=5e-4", "train.steps=300")),
         ("item tail, stage 2", (*TAIL, "train.lr=3e-4", "train.steps=400")),
         ("item tail, stage 3", (*TAIL, "train.lr=2e-4", "train.steps=400", "train.seed=1")),
@@ -67,6 +70,11 @@ def register(top, bench) -> None:
                         + "\n(a finished stage is found in the cache folder, not retrained; "
                           "--set train.init=ADAPTER takes a finished adapter as the first "
                           "stage; --out names the last stage's folder)")
+    p.add_argument("--overfit", type=int, default=0, metavar="N",
+                   help="do not train an adapter: fit the first N training prompts (fixed "
+                        "candidates) for --overfit-steps steps on the configured path(s) and "
+                        "print the loss per step (near zero = the model can learn this path)")
+    p.add_argument("--overfit-steps", type=int, default=60, metavar="S")
     p.add_argument("--fresh", action="store_true",
                    help="discard a checkpoint or finished adapter in the folder and start over (only the "
                         "files finetune writes; a folder that is not an adapter folder is refused)")
@@ -78,39 +86,76 @@ def run(args) -> int:
 
     if args.fresh and args.out:
         check_discardable(Path(args.out))   # before minutes of loading, not after
+    if args.overfit:
+        return _overfit(args, load_data(args))
     if args.recipe:
         _check_recipe(args)                 # before loading, too
         return _run_recipe(args, load_data(args))
     folder = _train(args, args.overrides, args.out, load_data(args))
-    print(f"use it: rcllm eval --adapter {folder} --data ... --users test --baselines")
+    print(f"use it: rcllm eval --adapter {folder} --data ... --users heldout --candidates 20 "
+          f"--methods full,naive --baselines")
     return 0
 
 
-def _train(args, overrides: list[str], out: str | None, ds) -> Path:
-    """One run: trains (or finds finished) the adapter of these options; returns its folder."""
+def _setup(args, overrides: list[str], ds):
+    """(config, train users, validation users, loaded model, run key)."""
     from ..config import load
     from ..eval.protocol import split_users
     from ..finetune.config import FinetuneConfig
     from ..finetune.data import dataset_digest
-    from ..finetune.trainer import Trainer, adapter_folder, finished, run_key
+    from ..finetune.trainer import run_key
     from ..model.loading import load_model
 
     cfg = load(FinetuneConfig, args.config, overrides)
-    train_users, _, _ = split_users(ds, cfg.train.fractions, cfg.train.split_seed)
+    train_users, val_users, _ = split_users(ds, cfg.train.fractions, cfg.train.split_seed)
     loaded = load_model(cfg.model)
-    key = run_key(loaded.fingerprint, dataset_digest(ds), cfg)
+    return cfg, train_users, val_users, loaded, run_key(loaded.fingerprint,
+                                                         dataset_digest(ds), cfg)
+
+
+def _train(args, overrides: list[str], out: str | None, ds) -> Path:
+    """One run: trains (or finds finished) the adapter of these options; returns its folder."""
+    from ..finetune.trainer import Trainer, adapter_folder, finished
+
+    cfg, train_users, val_users, loaded, key = _setup(args, overrides, ds)
     folder = Path(out) if out else adapter_folder(cfg, key)
     if args.fresh:
         discard_run(folder)
     if finished(folder):
         print(f"already trained: {folder}")
     else:
-        print(f"data: {ds.name}, {len(train_users)} training users; adapter folder {folder}")
+        print(f"data: {ds.name}, {len(train_users)} training users, {len(val_users)} validation "
+              f"users; adapter folder {folder}")
         start = time.perf_counter()
-        Trainer(loaded, ds, train_users, cfg, folder, key).run(progress=True)
+        trainer = Trainer(loaded, ds, train_users, cfg, folder, key, val_users)
+        print(f"{len(trainer.stream)} training examples, {trainer.total_steps} steps of "
+              f"{cfg.train.batch} prompts, path {cfg.train.path}, validation on "
+              f"{len(trainer.val_cases)} users every {trainer.val_every} steps")
+        trainer.run(progress=True)
         print(f"trained in {time.perf_counter() - start:.0f} s this session")
     _summary(folder)
     return folder
+
+
+def _overfit(args, ds) -> int:
+    """`--overfit N`: the model-capacity check on the configured path(s); saves nothing."""
+    import math
+    import tempfile
+
+    from ..finetune.trainer import Trainer
+
+    cfg, train_users, _, loaded, key = _setup(args, args.overrides, ds)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(loaded, ds, train_users, cfg, Path(tmp), key)
+        start = time.perf_counter()
+        rows = trainer.overfit(args.overfit, args.overfit_steps, progress=True)
+    print(f"overfit {args.overfit} prompts of {cfg.train.candidates} candidates, path "
+          f"{cfg.train.path}, lr {cfg.train.lr}, {time.perf_counter() - start:.0f} s "
+          f"(chance ln C = {math.log(cfg.train.candidates):.3f}):")
+    for r in rows[:: max(1, len(rows) // 20)] + rows[-1:]:
+        print(f"  {r['step']:>4}: " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()
+                                                 if k != "step"))
+    return 0
 
 
 def _key(item: str) -> str:
@@ -216,13 +261,17 @@ def discard_run(folder: Path) -> None:
 
 
 def _summary(folder: Path) -> None:
+    from ..finetune import curves
     from ..finetune.adapter import read_manifest
 
     m = read_manifest(folder)
-    curve = m["loss_curve"]
-    print(f"training time {m['train_seconds']:.0f} s ({m['model']['threads']} threads); "
-          f"loss per {m['train']['log_every']} steps:")
-    print("  " + "  ".join(f"{step}:{loss:.2f}/{acc:.2f}" + "".join(f" kl {k:.3f}" for k in kl)
-                           for step, loss, acc, *kl in curve)
-          + "   (step:cross-entropy/top-1 hit rate on the training prompts"
-          + (", KL to the teacher)" if curve and len(curve[0]) > 3 else ")"))
+    rate = m.get("prompts_per_s")
+    print(f"training time {m['train_seconds']:.0f} s ({m['model']['threads']} threads), "
+          f"{m.get('train_prompts')} prompts" + (f", {rate:.3f} prompts/s" if rate else "")
+          + (", stopped early" if m.get("stopped_early") else ""))
+    try:
+        data = json.loads((folder / curves.JSON).read_text())
+    except (OSError, ValueError):
+        return
+    print("\n".join(curves.text(data)))
+    print(f"curves: {folder / curves.PNG}")

@@ -1,9 +1,12 @@
 """The saved adapter: `adapter.safetensors` (the LoRA factors) + `adapter.json` (manifest).
 
-The manifest names the base model's fingerprint, the LoRA shape, the prompt settings and user
-split it was trained with, the loss curve, and the SHA-256 of the safetensors file. Loading
-verifies the checksum and the base fingerprint before anything is merged, so a corrupted file or
-an adapter made for other weights is refused with one clear error. No pickle anywhere.
+The manifest names the base model's fingerprint, the LoRA shape, the prompt settings, prompt
+version and user split it was trained with, the fast path it was trained for (`fast_path`:
+method, item tail, user side; absent for a full-path-only adapter), the best validation, and
+the SHA-256 of the safetensors file. Loading
+verifies the checksum, the prompt version and the base fingerprint before anything is merged,
+so a corrupted file, an adapter made for other weights or for another prompt is refused with
+one clear error. No pickle anywhere.
 
 The merged model's fingerprint is sha256(base fingerprint + adapter checksum): every chunk KV
 and prefix-cache key changes with the adapter, so KV built under one adapter (or none) is never
@@ -102,6 +105,26 @@ def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     return factors, manifest
 
 
+def check_prompt_version(manifest: dict, path: str | Path) -> None:
+    """Raises RcllmError when the adapter at `path` was trained on prompts of another version
+    than this rcllm builds (`prompt.builder.PROMPT_VERSION`; adapters from before the field are
+    version 1): its scores would be those of a prompt it never saw."""
+    from ..prompt.builder import PROMPT_VERSION
+
+    have = int(manifest.get("prompt_version", 1))
+    if have != PROMPT_VERSION:
+        raise RcllmError(f"adapter {path} was trained on prompt version {have}, but this rcllm "
+                         f"builds prompt version {PROMPT_VERSION} (the item chunks' text "
+                         f"changed): its rankings would be those of prompts it never saw. "
+                         f"Train a new one with `rcllm finetune` (same --data/--set options).")
+
+
+def fast_path(manifest: dict) -> dict | None:
+    """The fast path an adapter was trained for: {"method", "item_tail", "user_side"}, or None
+    (trained on the full path only)."""
+    return manifest.get("fast_path")
+
+
 def adapted_fingerprint(base_fingerprint: str, adapter_sha256: str) -> str:
     return hashlib.sha256(f"{base_fingerprint}+lora:{adapter_sha256}".encode()).hexdigest()[:32]
 
@@ -109,6 +132,7 @@ def adapted_fingerprint(base_fingerprint: str, adapter_sha256: str) -> str:
 def apply_adapter(state: dict[str, torch.Tensor], path: str | Path, base_fingerprint: str) -> str:
     """Merges the adapter at `path` into `state` (mutated); returns the new fingerprint."""
     factors, manifest = read_adapter(path)
+    check_prompt_version(manifest, path)
     if manifest.get("base_fingerprint") != base_fingerprint:
         raise RcllmError(f"adapter {path} was trained on another model (fingerprint "
                          f"{str(manifest.get('base_fingerprint'))[:12]}…, this model "
@@ -120,8 +144,9 @@ def apply_adapter(state: dict[str, torch.Tensor], path: str | Path, base_fingerp
 def eval_settings(cfg, path: str | Path):
     """The engine config to evaluate the adapter at `path` with, and its (fractions, seed) user
     split: model.adapter is set and the prompt settings it was trained with are adopted, and
-    the item tail it was trained to compute (`train.reuse_tail` → `reuse.item_tail`); a
-    reuse-aware adapter's user side is cached exactly (`reuse.user_side=behind`).
+    the item tail of the fast path it was trained for (`fast_path.item_tail` →
+    `reuse.item_tail`); when that path had the user side exact, the user side is cached
+    exactly (`reuse.user_side=behind`). An adapter of another prompt version is refused.
 
     `cfg` is an RcllmConfig; a prompt that was changed from the defaults and differs from the
     adapter's is refused (the ranker would be scored on prompts it never saw).
@@ -131,20 +156,23 @@ def eval_settings(cfg, path: str | Path):
     from ..config import PromptConfig
 
     manifest = read_manifest(path)
+    check_prompt_version(manifest, path)
     trained = PromptConfig(**manifest["prompt"])
     if cfg.prompt not in (PromptConfig(), trained):
         raise RcllmError(f"the adapter was trained with prompt settings {manifest['prompt']}; "
                          f"drop the prompt.* overrides (they are adopted) or match them")
     cfg = dataclasses.replace(cfg, prompt=trained,
                               model=dataclasses.replace(cfg.model, adapter=str(path)))
-    train = manifest.get("train", {})
-    tail = int(train.get("reuse_tail", 0))
-    if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
-        cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
-    if train.get("reuse", False) and cfg.reuse.user_side == "reuse":
-        # trained with the user side exact: the user-prefix cache serves it exactly (built
-        # behind the answer of a miss, which itself is served from reused history chunks)
-        cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, user_side="behind"))
+    fast = fast_path(manifest)
+    if fast:
+        tail = int(fast["item_tail"])
+        if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
+            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
+        if fast.get("user_side") == "exact" and cfg.reuse.user_side == "reuse":
+            # trained with the user side exact: the user-prefix cache serves it exactly (built
+            # behind the answer of a miss, which itself is served from reused history chunks)
+            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse,
+                                                                     user_side="behind"))
     split = manifest["split"]
     return cfg, tuple(split["fractions"]), int(split["seed"])
 
@@ -158,7 +186,8 @@ def trained_scorer(path: str | Path) -> str:
 
 
 def trained_method(path: str | Path) -> str:
-    """The reuse method that matches how the adapter at `path` was trained: a reuse-aware
-    adapter (`train.reuse`, its item chunks trained on the KV the chunk store holds) reuses item
-    KV as is ("naive"); any other adapter recomputes a budget of reused tokens ("rcllm")."""
-    return "naive" if read_manifest(path).get("train", {}).get("reuse", False) else "rcllm"
+    """The reuse method that matches how the adapter at `path` was trained: the fast path its
+    manifest names (naive: item KV reused as is, its item tail computed) when it was trained
+    for one; otherwise "rcllm" (a budget of reused tokens recomputed)."""
+    fast = fast_path(read_manifest(path))
+    return fast["method"] if fast else "rcllm"

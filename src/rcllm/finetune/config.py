@@ -1,9 +1,8 @@
 """Options of `rcllm finetune` as frozen dataclasses (loaded like RcllmConfig: YAML + --set).
 
 The prompt defaults are shorter than the engine's (5 reviews of at most 32 tokens, enough for
-the review's date, rating and item title; item texts of at most 16 tokens) so that the default
-run (720 pointwise steps of 8 candidates) fits in under an hour on two CPU cores (measured on
-one: docs/finetune.md). The adapter records its prompt settings and objective, and
+the review's date, rating and item title; item texts of at most 16 tokens) to keep a training
+prompt cheap on a CPU (docs/finetune.md gives the cost per dataset). The adapter records its prompt settings and objective, and
 `rcllm eval --adapter` adopts them, so a ranker is evaluated on the prompts it was trained on.
 """
 
@@ -17,6 +16,7 @@ from ..errors import RcllmError
 
 LORA_TARGETS = ("q", "k", "v", "o")
 OBJECTIVES = ("pointwise", "listwise")
+PATHS = ("joint", "full", "reuse")
 
 
 def default_prompt() -> PromptConfig:
@@ -50,7 +50,24 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = opt(720, "optimiser steps (one ranking prompt each)")
+    path: str = opt("joint", "joint: every prompt is scored on the full path and on the reuse "
+                             "path (item chunks as the chunk store holds them, the item tail "
+                             "computed), on shared weights; loss = cross-entropy of the target "
+                             "on both + train.match · KL(full || reuse) over the candidates. "
+                             "full: the full path only. reuse: the reuse path only (the former "
+                             "train.reuse=true). The adapter records the fast path it was "
+                             "trained for (naive, item tail k) and serves with it")
+    reuse_tail: int = opt(1, "joint/reuse: the last k tokens of each item chunk are computed in "
+                             "the prompt (they see the user side, as reuse.item_tail=k does at "
+                             "inference) instead of taken from the chunk's isolated pass")
+    match: float = opt(1.0, "joint: weight of KL(full's candidate distribution, no gradient || "
+                            "the reuse path's): a dense target that asks the fast path to rank "
+                            "as the full path does")
+    hidden_match: float = opt(0.0, "joint: weight of the MSE of the answer slots' final-normed "
+                                   "hidden states, reuse vs full (full without gradient)")
+    epochs: float = opt(2.0, "passes over the training examples (with train.steps=0)")
+    batch: int = opt(8, "prompts per optimiser step (gradients accumulated, loss averaged)")
+    steps: int = opt(0, "optimiser steps; 0 = epochs x examples / batch")
     lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to a tenth)")
     warmup_steps: int = opt(10, "linear warm-up steps")
     weight_decay: float = opt(0.0, "AdamW decoupled weight decay")
@@ -58,30 +75,27 @@ class TrainConfig:
     seed: int = opt(0, "seeds the LoRA init, the example order, negatives and label orders")
     objective: str = opt("pointwise", "pointwise: yes/no log-odds of each candidate after the user "
                                       "side (rcllm.prompt.pointwise), softmax over the "
-                                      "candidates; listwise: the verbalizer label of the target")
-    reuse: bool = opt(False, "reuse-aware (Block-Attention style, pointwise only): each item "
-                             "chunk sees only its template context and itself, as the chunk "
-                             "store holds it, while the block tail sees everything; the adapter "
-                             "then serves with naive reuse by default")
-    reuse_tail: int = opt(0, "with train.reuse: the last k tokens of each item chunk are computed "
-                             "in the prompt (they see the user side, as reuse.item_tail=k "
-                             "recomputes them at inference) instead of taken from the chunk's "
-                             "isolated pass; the adapter then serves with that item tail")
-    init: str = opt("", "start from this finished adapter's factors (folder) instead of B = 0: "
-                        "a curriculum, e.g. a reuse-aware run warm-started from a standard "
-                        "adapter; it must share this run's model, data, user split, prompt and "
-                        "LoRA shape (so no held-out user was ever trained on)")
-    distill: float = opt(0.0, "with train.reuse and train.init: weight d of distillation from "
-                              "the init adapter's full path (the teacher, frozen): loss = "
-                              "(1-d)·cross-entropy of the target + d·KL(teacher's candidate "
-                              "distribution || this run's reuse path's); 0 = off")
+                                      "candidates; listwise: the verbalizer label of the target "
+                                      "(train.path=full only)")
+    init: str = opt("", "start from this finished adapter's factors (folder) instead of B = 0; "
+                        "it must share this run's model, data, user split, prompt and LoRA "
+                        "shape (so no held-out user was ever trained on)")
+    distill: float = opt(0.0, "with train.path=reuse and train.init: weight d of distillation "
+                              "from the init adapter's full path (frozen): loss = (1-d)·CE + "
+                              "d·KL(teacher || reuse path); superseded by train.path=joint")
     candidates: int = opt(8, "candidates per training prompt (target + popularity negatives)")
     targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
+    val_users: int = opt(64, "validation users scored at each validation (0 = no validation: "
+                             "the last step's weights are kept)")
+    val_candidates: int = opt(20, "candidates per validation prompt (the evaluation's cases)")
+    val_every: int = opt(0, "steps between validations; 0 = once per epoch")
+    patience: int = opt(3, "stop after this many validations without a better NDCG@10 "
+                           "(0 = never stop early)")
     split: str = opt("0.8,0.1,0.1", "train,validation,test fractions of the users")
     split_seed: int = opt(0, "seed of the user split (eval --users test uses the same)")
-    checkpoint_every: int = opt(20, "steps between checkpoints (resume restarts from the last)")
-    log_every: int = opt(10, "steps per point of the recorded loss curve")
+    checkpoint_every: int = opt(5, "steps between checkpoints (resume restarts from the last)")
+    log_every: int = opt(1, "steps per point of the training curve")
 
     @property
     def fractions(self) -> tuple[float, ...]:
@@ -90,27 +104,38 @@ class TrainConfig:
         except ValueError:
             raise RcllmError(f"train.split must be comma-separated fractions, got {self.split!r}")
 
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths each prompt is scored on."""
+        return {"joint": ("full", "reuse"), "full": ("full",), "reuse": ("reuse",)}[self.path]
+
     def validate(self) -> None:
-        if self.steps < 1 or self.lr <= 0 or self.warmup_steps < 0 or self.grad_clip < 0:
-            raise RcllmError("need train.steps >= 1, train.lr > 0, warmup_steps >= 0, grad_clip >= 0")
+        if (self.steps < 0 or self.epochs <= 0 or self.batch < 1 or self.lr <= 0
+                or self.warmup_steps < 0 or self.grad_clip < 0):
+            raise RcllmError("need train.steps >= 0, train.epochs > 0, train.batch >= 1, "
+                             "train.lr > 0, warmup_steps >= 0, grad_clip >= 0")
+        if self.path not in PATHS:
+            raise RcllmError(f"train.path must be one of {', '.join(PATHS)}, not {self.path!r}")
         if self.objective not in OBJECTIVES:
             raise RcllmError(f"train.objective must be one of {', '.join(OBJECTIVES)}, "
                              f"not {self.objective!r}")
-        if self.reuse_tail < 0 or (self.reuse_tail and not self.reuse):
-            raise RcllmError("train.reuse_tail must be >= 0 and needs train.reuse=true")
+        if self.objective != "pointwise" and self.path != "full":
+            raise RcllmError("train.objective=listwise needs train.path=full")
+        if self.reuse_tail < 0 or self.match < 0 or self.hidden_match < 0:
+            raise RcllmError("train.reuse_tail, train.match and train.hidden_match must be >= 0")
         if not 0.0 <= self.distill <= 1.0:
             raise RcllmError(f"train.distill must be within 0..1, got {self.distill}")
-        if self.distill and not (self.reuse and self.init):
-            raise RcllmError("train.distill needs train.reuse=true and train.init=ADAPTER "
+        if self.distill and not (self.path == "reuse" and self.init):
+            raise RcllmError("train.distill needs train.path=reuse and train.init=ADAPTER "
                              "(the teacher is the init adapter's full path)")
-        if self.reuse and self.objective != "pointwise":
-            raise RcllmError("train.reuse needs train.objective=pointwise")
-        if not 2 <= self.candidates <= 26:
-            raise RcllmError("train.candidates must be within 2..26")
+        if not 2 <= self.candidates <= 26 or not 2 <= self.val_candidates <= 26:
+            raise RcllmError("train.candidates and train.val_candidates must be within 2..26")
         if self.targets not in ("last", "all"):
             raise RcllmError(f"train.targets must be 'last' or 'all', not {self.targets!r}")
         if len(self.fractions) != 3:
             raise RcllmError("train.split needs three fractions: train,validation,test")
+        if min(self.val_users, self.val_every, self.patience) < 0:
+            raise RcllmError("train.val_users, val_every and patience must be >= 0")
         if self.checkpoint_every < 1 or self.log_every < 1:
             raise RcllmError("train.checkpoint_every and train.log_every must be >= 1")
 
@@ -141,8 +166,15 @@ class FinetuneConfig:
             tree["model"].pop(name)
         for name in ("checkpoint_every", "log_every"):
             tree["train"].pop(name)
-        if not self.train.distill:  # absent when off: keys of runs before the option hold
-            tree["train"].pop("distill")
+        t = tree["train"]
+        if self.train.path == "full":  # options of the other paths change nothing
+            for name in ("reuse_tail", "match", "hidden_match"):
+                t.pop(name)
+        elif self.train.path == "reuse":
+            for name in ("match", "hidden_match"):
+                t.pop(name)
+        if not self.train.distill:
+            t.pop("distill")
         if self.train.init:  # the starting factors by content, not by where they lie
             from .adapter import read_manifest
 

@@ -1,27 +1,33 @@
-"""The fine-tuning loop: listwise verbalizer loss, checkpoints, resume, the adapter folder.
+"""The fine-tuning loop: the joint objective, accumulation, validation, checkpoints, resume.
 
-Loss (`train.objective`), both through the transformer's exact forward with the LoRA-patched
+Loss (`train.objective`), through the transformer's exact forward with the LoRA-patched
 weights:
 - pointwise (default): the engine's pointwise prompt — the user side, then one block per
-  candidate "Will I like <item chunk>? Answer:" — through the engine's selective prefill; each
-  candidate's score is its " Yes" − " No" logit, and the loss is the cross-entropy of the target
-  among the candidates' scores (a softmax over candidates, so every step contrasts the target
-  with popularity negatives). This is what the engine's pointwise scorer ranks by.
-  `train.reuse` (reuse-aware, after Block-Attention / KVLink): the item chunks' KV comes from a
-  pass over the template context and the chunk only, as the chunk store holds it.
-  `train.distill` = d adds a teacher: the `train.init` adapter's full path (frozen, no graph)
-  scores the same candidates, and the loss becomes (1 − d)·cross-entropy + d·KL(teacher ‖
-  student) over the candidates — a dense target per step (every candidate's share, not only
-  which one is the target) that asks the reuse path to rank as the full path does.
-- listwise: the engine's listwise prompt (PromptBuilder, verbalizer question); cross-entropy of
-  the target's label among the candidate labels at the last position — the softmax the
-  verbalizer scorer ranks by (`prefill.scoring.verbalizer_scores`).
+  candidate "Will I like <item chunk>? Answer:" — scored by `paths.PathScorer`; a candidate's
+  score is its " Yes" − " No" logit and a path's loss the cross-entropy of the target among the
+  candidates' scores. `train.path`:
+  - joint (default): every prompt is scored on the full path and on the reuse path (item
+    chunks as the chunk store holds them, the last `train.reuse_tail` tokens computed in the
+    prompt), on the same weights; loss = CE(full) + CE(reuse) + `train.match`·KL(full, no
+    gradient ‖ reuse) (+ `train.hidden_match`·MSE of the answer slots' hidden states). Neither
+    path can collapse without its own cross-entropy showing it.
+  - full / reuse: one path's cross-entropy (reuse: optionally distilled from the `train.init`
+    adapter's full path, `train.distill`).
+- listwise: the engine's listwise prompt; cross-entropy of the target's label among the
+  candidate labels at the last position.
+
+A step accumulates `train.batch` prompts. The run lasts `train.steps`, or `train.epochs`
+passes over the training examples; every `train.val_every` steps (default: each epoch) the
+validation users' evaluation cases are scored on the trained paths, the factors with the best
+mean NDCG@10 are kept (never test users), and `train.patience` validations without a better
+one stop the run.
 
 Folder: `<cache root>/adapters/<key>/`, key = sha256(base model fingerprint, dataset digest,
-the options that change the weights). It holds `checkpoint/` (factors + AdamW state as
-safetensors, `state.json` with the step and the loss so far) while training and
-`adapter.safetensors` + `adapter.json` when done. Running the same command again resumes from
-the last checkpoint, or returns the finished adapter at once.
+the options that change the weights). It holds `checkpoint/` (factors + AdamW state and the
+best factors as safetensors, `state.json` with the step, the curves and the best so far) while
+training and `adapter.safetensors` + `adapter.json` + `curves.json` + `curves.png` when done.
+Running the same command again resumes from the last checkpoint, or returns the finished
+adapter at once.
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -40,20 +48,20 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import RcllmError
 from ..model.loading import LoadedModel, cache_root
-from ..config import ReuseConfig
-from ..prefill.scoring import yes_no_logits
-from ..prefill.selection import SelectionPolicy
-from ..prefill.selective import Layout, PrefillInputs, prefill
-from ..prompt.builder import PromptBuilder, RankRequest
+from ..prompt.builder import PROMPT_VERSION, PromptBuilder, RankRequest
 from ..records import Dataset, UserId
-from .adapter import read_adapter, read_manifest, save_adapter, write_atomic
+from . import curves
+from .adapter import check_prompt_version, read_adapter, read_manifest, save_adapter, write_atomic
 from .config import FinetuneConfig
-from .data import ExampleStream, dataset_digest
+from .data import Draw, ExampleStream, dataset_digest
 from .lora import Lora, LoraPatch, base_weights
 from .optim import AdamW, clip_grad_norm, lr_at
+from .paths import PathScorer, PathScores
+from .validate import validate, validation_cases
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
+BEST = "best.safetensors"  # in CHECKPOINT: the factors of the best validation so far
 
 
 def run_key(base_fingerprint: str, data_digest: str, cfg: FinetuneConfig) -> str:
@@ -70,18 +78,23 @@ def adapter_folder(cfg: FinetuneConfig, key: str) -> Path:
 class TrainState:
     """What a checkpoint restores besides tensors (JSON)."""
 
-    step: int = 0                                     # steps completed
-    losses: list[float] = field(default_factory=list)  # cross-entropy of the target, per step
-    kls: list[float] = field(default_factory=list)     # KL(teacher || student), with distill
-    hits: list[int] = field(default_factory=list)      # target ranked first (before the update)
-    elapsed_s: float = 0.0                            # training time over all sessions
+    step: int = 0                                      # optimiser steps completed
+    train: list[dict] = field(default_factory=list)    # per step: means over its prompts
+    val: list[dict] = field(default_factory=list)      # per validation (validate.validate)
+    best_step: int | None = None                       # step of the kept (best) weights
+    best_score: float = -math.inf                      # its validation NDCG@10 (paths' mean)
+    since_best: int = 0                                # validations since it
+    stopped_early: bool = False
+    elapsed_s: float = 0.0                             # training time over all sessions
+    prompts: int = 0                                   # training prompts scored
 
 
 class Trainer:
     """Trains one adapter; `run()` returns the folder of the finished adapter."""
 
     def __init__(self, loaded: LoadedModel, ds: Dataset, train_users: list[UserId],
-                 cfg: FinetuneConfig, folder: Path, key: str):
+                 cfg: FinetuneConfig, folder: Path, key: str,
+                 val_users: Sequence[UserId] = ()):
         self.loaded, self.model, self.cfg, self.folder, self.key = (
             loaded, loaded.model, cfg, folder, key)
         self.ds, self.train_users = ds, train_users
@@ -90,6 +103,7 @@ class Trainer:
         t = cfg.train
         self.stream = ExampleStream(ds, train_users, t.targets, cfg.prompt.history_window,
                                     t.candidates, t.seed)
+        self.val_cases = validation_cases(ds, val_users, t.val_candidates, t.val_users)
         self._base = base_weights(self.model)  # before any patch: shared by student, teacher
         self.lora = Lora.init(self.model.arch, cfg.lora, t.seed, self.model.dtype,
                               str(self.model.device))
@@ -102,18 +116,30 @@ class Trainer:
                                            for k, p in self.lora.factors.items()})
         self.opt = AdamW(self.lora.factors, weight_decay=t.weight_decay)
         self.state = TrainState()
-        self.pointwise = None
-        self._reuse_cfg = ReuseConfig(method="naive")  # compute what is not given, as it is
+        self.best: dict[str, torch.Tensor] | None = None  # factors of the best validation
+        self.scorer = None
         if t.objective == "pointwise":
             from ..prompt.pointwise import PointwisePrompt
 
-            self.pointwise = PointwisePrompt(self.builder, self.model.arch.max_positions)
+            pw = PointwisePrompt(self.builder, self.model.arch.max_positions)
+            self.scorer = PathScorer(self.model, pw, t.reuse_tail)
+
+    @property
+    def total_steps(self) -> int:
+        t = self.cfg.train
+        return t.steps or max(1, math.ceil(t.epochs * len(self.stream) / t.batch))
+
+    @property
+    def val_every(self) -> int:
+        t = self.cfg.train
+        return t.val_every or max(1, math.ceil(len(self.stream) / t.batch))
 
     def _warm_start(self, path: str) -> None:
         """Copies a finished adapter's factors in, after checking that it was trained on the
         same model, data, user split, prompt and LoRA shape (a different split could have
         trained on this run's held-out users)."""
         factors, m = read_adapter(path)
+        check_prompt_version(m, path)
         want = {**self._identity(), "data.digest": dataset_digest(self.ds)}
         have = {**m, "data.digest": m.get("data", {}).get("digest")}
         bad = [k for k, v in want.items() if have.get(k) != v]
@@ -137,116 +163,137 @@ class Trainer:
                 "first_layer": cfg.lora.first_layer, "prompt": asdict(cfg.prompt),
                 "split": {"fractions": list(t.fractions), "seed": t.split_seed}}
 
-    # ---- one step -----------------------------------------------------------------------
-    def loss_at(self, step: int, teacher: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool]:
-        """Step `step`'s prompt under the current factors (graph kept for backward): the loss
-        optimised, the target's cross-entropy, the KL from `teacher` scores (when given) and
-        whether the target scored highest."""
-        draw = self.stream.draw(step)
-        scores = (self.pointwise_scores(draw) if self.pointwise is not None
-                  else self.listwise_scores(draw))
-        ce = F.cross_entropy(scores.unsqueeze(0),
-                             torch.tensor([draw.target_index], device=scores.device))
-        hit = int(scores.argmax()) == draw.target_index
-        if teacher is None:
-            return ce, ce, None, hit
-        kl = F.kl_div(F.log_softmax(scores, -1), F.log_softmax(teacher, -1), log_target=True,
-                      reduction="sum")
-        d = self.cfg.train.distill
-        return (1 - d) * ce + d * kl, ce, kl, hit
+    # ---- one prompt -------------------------------------------------------------------------
+    def scores(self, user_id, history, candidates, paths: tuple[str, ...]) -> PathScores:
+        """Candidate scores on `paths` under the factors installed now (graph kept)."""
+        if self.scorer is None:  # listwise: the verbalizer labels' logits, full path only
+            prompt = self.builder.build(RankRequest(user_id, history, candidates))
+            ids = torch.tensor(prompt.token_ids, device=self.model.device)
+            logits = self.model.forward(ids)["logits"][list(prompt.label_token_ids)].float()
+            return PathScores({"full": logits}, {})
+        return self.scorer.score(user_id, history, candidates, paths)
 
-    def teacher_scores(self, step: int) -> torch.Tensor:
-        """The teacher's candidate scores for step `step`: the init adapter's factors on the
-        full path (every item chunk computed in the prompt), without a graph. Leaves the
-        teacher's weights installed: install the student's after."""
+    def loss_at(self, i: int, teacher: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training prompt `i`'s loss under the installed factors (graph kept) and its
+        statistics: the target's cross-entropy and top-1 hit per path, the KL of the reuse
+        path from the full one (joint) or from `teacher` scores (distill)."""
+        return self.loss_of(self.stream.draw(i), teacher)
+
+    def loss_of(self, draw: Draw, teacher: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+        t, ex = self.cfg.train, draw.example
+        out = self.scores(ex.user_id, ex.history, draw.candidates, t.paths)
+        target = torch.tensor([draw.target_index], device=self.model.device)
+        loss, stats = 0.0, {}
+        for path, s in out.scores.items():
+            ce = F.cross_entropy(s.unsqueeze(0), target)
+            loss = loss + ce
+            stats[f"ce_{path}"] = float(ce.detach())
+            stats[f"top1_{path}"] = float(int(s.argmax()) == draw.target_index)
+        if t.path == "joint":
+            full, reuse = out.scores["full"], out.scores["reuse"]
+            kl = F.kl_div(F.log_softmax(reuse, -1), F.log_softmax(full.detach(), -1),
+                          log_target=True, reduction="sum")
+            loss = loss + t.match * kl
+            stats["kl"] = float(kl.detach())
+            if t.hidden_match:
+                hid = (out.hidden["reuse"] - out.hidden["full"].detach()).pow(2).mean()
+                loss = loss + t.hidden_match * hid
+                stats["hidden_mse"] = float(hid.detach())
+        elif teacher is not None:  # distill: (1 − d)·CE + d·KL(teacher ‖ reuse path)
+            d = t.distill
+            kl = F.kl_div(F.log_softmax(out.scores["reuse"], -1),
+                          F.log_softmax(teacher, -1), log_target=True, reduction="sum")
+            loss = (1 - d) * loss + d * kl
+            stats["kl"] = float(kl.detach())
+        stats["loss"] = float(loss.detach())
+        return loss, stats
+
+    def teacher_scores(self, i: int) -> torch.Tensor:
+        """The teacher's candidate scores for prompt `i`: the init adapter's factors on the
+        full path, without a graph. Leaves the teacher's weights installed: install the
+        student's after."""
         LoraPatch(self.model, self.teacher, self._base).install()
+        draw = self.stream.draw(i)
         with torch.no_grad():
-            return self.pointwise_scores(self.stream.draw(step), reuse=False)
+            ex = draw.example
+            return self.scores(ex.user_id, ex.history, draw.candidates, ("full",)).scores["full"]
 
-    def listwise_scores(self, draw) -> torch.Tensor:
-        """The candidate labels' logits [C] at the last position of the listwise prompt."""
-        ex = draw.example
-        prompt = self.builder.build(RankRequest(ex.user_id, ex.history, draw.candidates))
-        ids = torch.tensor(prompt.token_ids, device=self.model.device)
-        return self.model.forward(ids)["logits"][list(prompt.label_token_ids)].float()
-
-    def pointwise_scores(self, draw, reuse: bool | None = None) -> torch.Tensor:
-        """Each candidate's yes/no log-odds [C] from the engine's pointwise prompt (user side,
-        then one block per candidate seeing the user side and itself) through the engine's
-        selective prefill with the graph kept. With `train.reuse` each item chunk's KV comes
-        from a pass where it sees only its template context (instruction + block head) and
-        itself — what the chunk store holds at inference — and the rest of the prompt is
-        computed over that KV; with `train.reuse_tail` = k the last k tokens of each item
-        chunk are computed in the prompt instead (what `reuse.item_tail` recomputes).
-        `reuse=False` scores the full path whatever the run's setting (the teacher's)."""
-        ex, pw = draw.example, self.pointwise
-        prompt = pw.prompt(RankRequest(ex.user_id, ex.history, draw.candidates))
-        segments = prompt.slot_segments()
-        ids = [t for seg in segments for t in seg.token_ids]
-        items = []  # slot ranges of the item chunks
-        at = 0
-        for seg in segments:
-            if seg.kind == "item":
-                items.append((at, at + len(seg.token_ids), seg.token_ids))
-            at += len(seg.token_ids)
-        reused = None
-        if self.cfg.train.reuse if reuse is None else reuse:
-            ctx = list(pw.instruction_ids) + list(pw.context_ids("item"))
-            chunk_ids = ctx + [t for _, _, c in items for t in c]
-            ranges, s = [], len(ctx)
-            for _, _, c in items:
-                ranges.append((s, s + len(c)))
-                s += len(c)
-            inp = self._inputs(chunk_ids, ranges)
-            prefill(self.model, inp, SelectionPolicy(self._reuse_cfg), grad=True)
-            reused = (inp, ranges)
-        inp = self._inputs(ids, prompt.block_ranges())
-        if reused is not None:
-            chunk_inp, ranges = reused
-            tail = self.cfg.train.reuse_tail  # computed here, seeing the user side
-            for (s, e, _), (cs, ce) in zip(items, ranges):
-                e, ce = max(s, e - tail), max(cs, ce - tail)
-                for layer in range(self.model.arch.num_layers):
-                    inp.k_buf[layer][:, s:e] = chunk_inp.k_buf[layer][:, cs:ce]
-                    inp.v_buf[layer][:, s:e] = chunk_inp.v_buf[layer][:, cs:ce]
-                inp.have_kv[s:e] = True
-        res = prefill(self.model, inp, SelectionPolicy(self._reuse_cfg), grad=True)
-        h = self.model.final_hidden(res.hidden_out)
-        logits = yes_no_logits(self.model, h, pw.yes_id, pw.no_id)
-        return logits[:, 0] - logits[:, 1]
-
-    def _inputs(self, ids: list[int], blocks) -> PrefillInputs:
-        """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe)."""
-        a, dev, n = self.model.arch, self.model.device, len(ids)
-        t = torch.tensor(ids, device=dev)
-
-        def bufs():
-            return [torch.zeros(a.num_kv_heads, n, a.head_dim, dtype=self.model.dtype,
-                                device=dev) for _ in range(a.num_layers)]
-
-        none = torch.zeros(n, dtype=torch.bool, device=dev)
-        return PrefillInputs(t, bufs(), bufs(), none.clone(), none.clone(),
-                             torch.zeros(n, dtype=torch.int8, device=dev),
-                             torch.zeros(n, dtype=torch.long, device=dev),
-                             layout=Layout(n, blocks, dev))
-
+    # ---- one step ---------------------------------------------------------------------------
     def _step(self, patch: LoraPatch, step: int) -> None:
+        """Accumulates the gradients of the step's `train.batch` prompts, then updates."""
         t = self.cfg.train
-        teacher = self.teacher_scores(step) if self.teacher is not None else None
-        patch.install()
-        loss, ce, kl, hit = self.loss_at(step, teacher)
-        loss.backward()
+        rows = []
+        for j in range(t.batch):
+            i = step * t.batch + j
+            teacher = self.teacher_scores(i) if self.teacher is not None else None
+            patch.install()  # per prompt: each backward frees the graph of the update
+            loss, stats = self.loss_at(i, teacher)
+            (loss / t.batch).backward()
+            rows.append(stats)
         clip_grad_norm(self.lora.factors, t.grad_clip)
-        self.opt.step(lr_at(step, t.steps, t.lr, t.warmup_steps))
+        lr = lr_at(step, self.total_steps, t.lr, t.warmup_steps)
+        self.opt.step(lr)
         self.opt.zero_grad()
         self.state.step = step + 1
-        self.state.losses.append(float(ce.detach()))
-        if kl is not None:
-            self.state.kls.append(float(kl.detach()))
-        self.state.hits.append(int(hit))
+        self.state.prompts += t.batch
+        self.state.train.append({"step": step + 1, "lr": lr,
+                                 **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}})
 
-    # ---- checkpoints ----------------------------------------------------------------------
+    def _validate(self, patch: LoraPatch, progress: bool) -> None:
+        """Scores the validation cases with the current factors; keeps them when best."""
+        patch.install()
+        paths = self.cfg.train.paths
+
+        def score(case):
+            return self.scores(case.user_id, case.history, case.candidates, paths).scores
+
+        row = {"step": self.state.step, **validate(score, self.val_cases, progress)}
+        self.state.val.append(row)
+        if row["score"] > self.state.best_score:
+            self.state.best_score, self.state.best_step, self.state.since_best = (
+                row["score"], self.state.step, 0)
+            self.best = {k: v.detach().clone() for k, v in self.lora.factors.items()}
+            self._save_best()
+        else:
+            self.state.since_best += 1
+        log.info("validation at step %d: %s", self.state.step,
+                 ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "step"))
+
+    # ---- overfitting a handful (is the model what blocks us?) ---------------------------------
+    def overfit(self, examples: int, steps: int, progress: bool = False) -> list[dict]:
+        """Trains on prompts 0..examples-1 only (fixed candidates), all of them every step, at
+        the run's learning rate without decay; returns the per-step statistics. A recipe whose
+        loss cannot approach zero here is blocked by the model or the path, not the data.
+        Saves nothing."""
+        from tqdm import tqdm
+
+        draws = [self.stream.draw(i) for i in range(examples)]
+        patch = LoraPatch(self.model, self.lora, self._base)
+        rows = []
+        try:
+            for step in tqdm(range(steps), desc="overfit", disable=not progress):
+                stats = []
+                for d in draws:
+                    patch.install()
+                    loss, st = self.loss_of(d)
+                    (loss / len(draws)).backward()
+                    stats.append(st)
+                clip_grad_norm(self.lora.factors, self.cfg.train.grad_clip)
+                self.opt.step(self.cfg.train.lr)
+                self.opt.zero_grad()
+                rows.append({"step": step + 1,
+                             **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}})
+        finally:
+            patch.restore()
+        return rows
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def _save_best(self) -> None:
+        write_atomic(self.folder / CHECKPOINT / BEST, lambda tmp: save_file(
+            {k: v.contiguous().cpu() for k, v in self.best.items()}, tmp))
+
     def save_checkpoint(self) -> None:
         ck = self.folder / CHECKPOINT
         tensors = {**{k: v.detach() for k, v in self.lora.factors.items()},
@@ -263,6 +310,7 @@ class Trainer:
         try:
             meta = json.loads((ck / "state.json").read_text())
             tensors = load_file(str(ck / "state.safetensors"))
+            best = load_file(str(ck / BEST)) if meta.get("best_step") is not None else None
         except (OSError, ValueError) as exc:
             raise RcllmError(f"checkpoint in {ck} is unreadable ({exc}); re-run with --fresh") from None
         if meta.get("key") != self.key:
@@ -270,43 +318,52 @@ class Trainer:
         with torch.no_grad():
             for k, p in self.lora.factors.items():
                 p.copy_(tensors[k])
-        self.opt.load_state(tensors, int(meta["adam_t"]))
-        self.state = TrainState(meta["step"], meta["losses"], meta.get("kls", []), meta["hits"],
-                                meta["elapsed_s"])
+        self.opt.load_state(tensors, int(meta.pop("adam_t")))
+        meta.pop("key")
+        self.state = TrainState(**meta)
+        self.best = best
         return True
 
-    # ---- the loop -------------------------------------------------------------------------
+    # ---- the loop ---------------------------------------------------------------------------
     def run(self, progress: bool = True, stop_after: int | None = None) -> Path | None:
-        """Trains to `train.steps` (resuming if a checkpoint exists) and saves the adapter.
+        """Trains to the total step count or an early stop (resuming if a checkpoint exists)
+        and saves the adapter: the factors of the best validation, or the last ones without
+        validation users.
 
         `stop_after` ends the session early after that many steps with a checkpoint (tests
         use it to interrupt); returns None then, else the adapter folder.
         """
         from tqdm import tqdm
 
-        t = self.cfg.train
+        t, total = self.cfg.train, self.total_steps
         if self.try_resume():
             log.info("resuming %s at step %d", self.folder, self.state.step)
         patch = LoraPatch(self.model, self.lora, self._base)
-        bar = tqdm(total=t.steps, initial=self.state.step, desc="finetune", unit="step",
+        bar = tqdm(total=total, initial=self.state.step, desc="finetune", unit="step",
                    disable=not progress)
         start, done = time.perf_counter(), 0
         try:
-            while self.state.step < t.steps:
+            if self.val_cases and not self.state.val:  # the starting point, for the curves
+                self._validate(patch, progress)
+            while self.state.step < total and not self.state.stopped_early:
                 self._step(patch, self.state.step)
                 done += 1
                 bar.update(1)
-                window = self.state.losses[-t.log_every:]
-                post = {"loss": f"{sum(window) / len(window):.3f}"}
-                if self.state.kls:
-                    kls = self.state.kls[-t.log_every:]
-                    post["kl"] = f"{sum(kls) / len(kls):.3f}"
-                bar.set_postfix(post)
-                if self.state.step % t.checkpoint_every == 0 or (stop_after and done >= stop_after):
+                bar.set_postfix({k: f"{v:.3f}" for k, v in self.state.train[-1].items()
+                                 if k.startswith(("ce_", "kl"))})
+                step = self.state.step
+                if self.val_cases and (step % self.val_every == 0 or step == total):
+                    self._validate(patch, progress)
+                    if t.patience and self.state.since_best >= t.patience:
+                        self.state.stopped_early = True
+                        log.info("early stop at step %d: no better validation NDCG@10 in %d "
+                                 "validations (best at step %s)", step, t.patience,
+                                 self.state.best_step)
+                if step % t.checkpoint_every == 0 or (stop_after and done >= stop_after):
                     self.state.elapsed_s += time.perf_counter() - start
                     start = time.perf_counter()
                     self.save_checkpoint()
-                if stop_after and done >= stop_after and self.state.step < t.steps:
+                if stop_after and done >= stop_after and step < total:
                     return None
         except KeyboardInterrupt:
             log.warning("interrupted: the next run resumes from the last checkpoint (step %d)",
@@ -318,24 +375,34 @@ class Trainer:
         self.state.elapsed_s += time.perf_counter() - start
         return self._finish()
 
-    def _finish(self) -> Path:
+    def fast_path(self) -> dict | None:
+        """The fast path the adapter was trained for (None: the full path only)."""
         t = self.cfg.train
-        def mean(xs, i):
-            return sum(xs[i:i + t.log_every]) / len(xs[i:i + t.log_every])
+        if t.path == "full":
+            return None
+        return {"method": "naive", "item_tail": t.reuse_tail, "user_side": "exact"}
 
-        # [step, cross-entropy of the target, training top-1 (, KL to the teacher)]
-        curve = [[min(i + t.log_every, len(self.state.losses)), mean(self.state.losses, i),
-                  mean(self.state.hits, i)] + ([mean(self.state.kls, i)] if self.state.kls else [])
-                 for i in range(0, len(self.state.losses), t.log_every)]
+    def _finish(self) -> Path:
+        t, st = self.cfg.train, self.state
+        data = curves.curves(st.train, st.val, t.log_every, t.candidates, t.val_candidates,
+                             st.best_step)
+        factors = self.best if self.best is not None else self.lora.factors
         manifest = {
             **self._identity(), "key": self.key, "scale": self.cfg.lora.scale,
+            "prompt_version": PROMPT_VERSION, "fast_path": self.fast_path(),
             "data": {"name": self.ds.name, "digest": dataset_digest(self.ds),
-                     "train_users": len(self.train_users), "examples": len(self.stream)},
+                     "train_users": len(self.train_users), "examples": len(self.stream),
+                     "validation_users": len(self.val_cases)},
             "train": {**asdict(t), "init_sha256": self.init_sha256},
             "model": {"dtype": self.cfg.model.dtype, "threads": self.cfg.model.threads},
-            "loss_curve": curve, "train_seconds": round(self.state.elapsed_s, 1),
+            "steps_done": st.step, "stopped_early": st.stopped_early,
+            "best": {"step": st.best_step, **(st.val[[r["step"] for r in st.val].index(
+                st.best_step)] if st.best_step is not None else {})},
+            "train_seconds": round(st.elapsed_s, 1), "train_prompts": st.prompts,
+            "prompts_per_s": round(st.prompts / st.elapsed_s, 4) if st.elapsed_s else None,
         }
-        path = save_adapter(self.folder, self.lora.factors, manifest)
+        path = save_adapter(self.folder, factors, manifest)
+        curves.save(self.folder, data, f"{self.ds.name} · {t.path} · key {self.key[:12]}")
         shutil.rmtree(self.folder / CHECKPOINT, ignore_errors=True)
         log.info("adapter written: %s", path)
         return self.folder

@@ -18,6 +18,7 @@ documented truncation); a history longer than `history_window` keeps the most re
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -95,10 +96,28 @@ class Prompt:
         return out
 
 
+# Bumped whenever the text of a chunk or template changes: an adapter records the version it was
+# trained on and is refused under another (rcllm.finetune.adapter.check_prompt_version).
+# 2: item chunks end in the item's tag (`item_tag`).
+PROMPT_VERSION = 2
+ITEM_TAG_TOKENS = 4  # title tokens in an item chunk's ending (after " |")
+
+
 def item_text(item: Item) -> str:
     title = item.title.strip() or f"item {item.item_id}"
     desc = " ".join(item.description.split())
     return f"{title}. {desc}" if desc else title
+
+
+def item_tag(item: Item) -> str:
+    """What an item chunk ends in: the item's name — its title without a "Publisher — " lead
+    or a trailing "(1995)"-style year. An item tail (`reuse.item_tail`) recomputes a chunk's
+    last tokens, seeing the user: they should name the item, not be a year digit or the
+    middle of a description."""
+    title = item.title.strip()
+    name = title.split(" — ", 1)[1] if " — " in title else title
+    name = re.sub(r"\s*\(\d{4}\)\s*$", "", name).strip()
+    return name or title or f"item {item.item_id}"
 
 
 def history_text(entry: HistoryEntry, item: Item | None) -> str:
@@ -144,10 +163,14 @@ class PromptBuilder:
         return self._bullet
 
     def item_chunk(self, item_id: ItemId) -> tuple[int, ...]:
+        """" <title>. <description>" cut to fit, then " | <tag>" (`item_tag`, at most
+        ITEM_TAG_TOKENS tokens and half the limit): at most `max_item_tokens` ids."""
         key = ("item", item_id)
         if key not in self._chunk_cache:
-            ids = self._encode(" " + item_text(self.catalog[item_id]))
-            self._chunk_cache[key] = ids[: self.cfg.max_item_tokens]
+            item, limit = self.catalog[item_id], self.cfg.max_item_tokens
+            tag = self._encode(" | " + item_tag(item))[: 1 + min(ITEM_TAG_TOKENS, limit // 2)]
+            body = self._encode(" " + item_text(item))[: max(1, limit - len(tag))]
+            self._chunk_cache[key] = (body + tag)[:limit]
         return self._chunk_cache[key]
 
     def forget_item(self, item_id: ItemId) -> None:

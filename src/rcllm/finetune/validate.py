@@ -1,0 +1,55 @@
+"""Validation during training: the evaluation's cases for validation users, scored per path.
+
+The cases are `rcllm eval`'s (`eval.protocol.build_cases`: each user's last item among
+`candidates` − 1 popularity negatives, seeded per user), kept to the validation users of the
+run's split, so the validation NDCG@10 the trainer selects its checkpoint by is the number
+`rcllm eval --users validation` reports for those users. Test users are never read here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..eval.metrics import ndcg
+from ..eval.protocol import EvalCase, build_cases
+from ..records import Dataset, UserId
+
+EVAL_HISTORY_WINDOW = 10  # what `rcllm eval` builds its cases with (the prompt cuts further)
+
+
+def validation_cases(ds: Dataset, users: Sequence[UserId], candidates: int, limit: int
+                     ) -> list[EvalCase]:
+    """At most `limit` evaluation cases of `users` (in the evaluation's user order)."""
+    if limit <= 0 or not users:
+        return []
+    keep = set(users)
+    cases = build_cases(ds, history_window=EVAL_HISTORY_WINDOW, num_negatives=candidates - 1)
+    return [c for c in cases if c.user_id in keep][:limit]
+
+
+@torch.no_grad()
+def validate(score: Callable[[EvalCase], dict[str, torch.Tensor]], cases: Sequence[EvalCase],
+             progress: bool = False) -> dict[str, float]:
+    """Mean NDCG@10, top-1 hit rate and target cross-entropy per path over `cases`
+    (`score(case)` → {path: scores [C]}), keys like "ndcg10_full", "ce_reuse"; "score" is the
+    mean NDCG@10 over the paths (what the best checkpoint is chosen by)."""
+    from tqdm import tqdm
+
+    sums: dict[str, float] = {}
+    for case in tqdm(cases, desc="validation", unit="user", disable=not progress, leave=False):
+        target = case.target_index
+        for path, s in score(case).items():
+            s = s.float()
+            ce = float(F.cross_entropy(s.unsqueeze(0), torch.tensor([target])))
+            vals = {"ndcg10": ndcg(s.numpy(), target, 10), "ce": ce,
+                    "top1": float(int(s.argmax()) == target)}
+            for name, v in vals.items():
+                sums[f"{name}_{path}"] = sums.get(f"{name}_{path}", 0.0) + v
+    out = {k: v / len(cases) for k, v in sums.items()}
+    nd = [v for k, v in out.items() if k.startswith("ndcg10_")]
+    out["score"] = sum(nd) / len(nd) if nd else -math.inf
+    return out
