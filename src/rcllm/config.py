@@ -18,6 +18,10 @@ import yaml
 from .errors import RcllmError
 
 METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
+# Bumped whenever the text of a chunk or template the prompt builders make changes: an adapter
+# records the version it was trained on and is refused under another
+# (model.adapter_file.check_prompt_version). 2: item chunks end in the item's tag.
+PROMPT_VERSION = 2
 REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # the methods that reuse chunk KV
 USER_SIDES = ("reuse", "exact", "behind")  # reuse.user_side
 

@@ -107,23 +107,3 @@ class LoraPatch:
     def restore(self) -> None:
         for (qkv, o), w in zip(self.base, self.model.layers):
             w.w_qkv, w.w_o = qkv, o
-
-
-def merge_into_state(state: dict[str, torch.Tensor], factors: dict[str, torch.Tensor],
-                     scale: float) -> None:
-    """W += scale · B @ A for every factor pair, in float32 (mutates `state`).
-
-    Raises RcllmError when a factor names a weight the model lacks or has the wrong shape.
-    """
-    pairs = sorted(n[: -len(".lora_A")] for n in factors if n.endswith(".lora_A"))
-    for base in pairs:
-        name = base + ".weight"
-        a, b = factors.get(base + ".lora_A"), factors.get(base + ".lora_B")
-        if name not in state or b is None:
-            raise RcllmError(f"the adapter does not fit this model: no weight {name!r} "
-                             f"or a missing factor")
-        w = state[name]
-        if b.shape[0] != w.shape[0] or a.shape[1] != w.shape[1] or a.shape[0] != b.shape[1]:
-            raise RcllmError(f"the adapter does not fit this model: {name} is "
-                             f"{tuple(w.shape)}, factors {tuple(b.shape)} @ {tuple(a.shape)}")
-        state[name] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)

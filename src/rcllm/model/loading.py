@@ -162,7 +162,7 @@ def _merge_adapter(state: dict[str, torch.Tensor], path: str, weights_fingerprin
 
     The adapter may have been trained in any dtype: its recorded base fingerprint is accepted
     when it is these weights' fingerprint in one of the DTYPES."""
-    from ..finetune.adapter import apply_adapter, read_manifest
+    from .adapter_file import apply_adapter, read_manifest
 
     manifest = read_manifest(path)
     bases = {model_fingerprint(weights_fingerprint, d) for d in DTYPES}

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..config import PromptConfig
+from ..config import PROMPT_VERSION, PromptConfig  # noqa: F401 (the version of this text)
 from ..errors import RcllmError
 from ..records import HistoryEntry, Item, ItemId
 
@@ -96,10 +96,6 @@ class Prompt:
         return out
 
 
-# Bumped whenever the text of a chunk or template changes: an adapter records the version it was
-# trained on and is refused under another (rcllm.finetune.adapter.check_prompt_version).
-# 2: item chunks end in the item's tag (`item_tag`).
-PROMPT_VERSION = 2
 ITEM_TAG_TOKENS = 4  # title tokens in an item chunk's ending (after " |")
 
 
