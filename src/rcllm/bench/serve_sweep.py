@@ -188,21 +188,90 @@ def _waves(url: str, bodies: list[dict], size: int) -> dict:
             "wall_s": time.perf_counter() - t0}
 
 
+def _warm_up(url: str, backend, trace, series, rates, wave: int):
+    """The warm-up (every trace body once, then each series' first requests, off the books)
+    and, when a rate is relative, the capacity probe: (warm-up summary, capacity rps | None)."""
+    from ..serve.phases import _redated, wait_for_builds
+
+    warm_fields = parse_method(POLICY_METHOD)[1]
+    warm = _waves(url, [{**b, **warm_fields} for b in trace.bodies], wave)
+    # each method's first requests (torch's first calls at its shapes) off the books
+    first = trace.bodies[:wave]
+    for s in series:
+        _waves(url, [s.body(b) for b in _redated(first, -1)], wave)
+    wait_for_builds(backend.store_stats)
+    capacity = None
+    if any(rel for _v, rel in rates):
+        probe = _waves(url, [{**b, "method": "prefix"} for b in trace.bodies], wave)
+        engine_ms = [r["total_ms"] for r in probe["requests"] if r["status"] == 200]
+        if not engine_ms:
+            raise RcllmError("the capacity probe got no answer")
+        capacity = wave * 1e3 / float(np.mean(engine_ms))
+        wait_for_builds(backend.store_stats)
+    return warm, capacity
+
+
+def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
+    """One cell: series `s` at one rate (`at` = value, relative?, rate, arrival times) on the
+    trace dated `day` days later (no earlier cell's cache entry matches), then drained."""
+    from ..routing import routing_policy
+    from ..serve.loadgen import run_load
+    from ..serve.phases import _redated, wait_for_builds
+    from ..serve.views import UserResidency
+
+    value, rel, rate, arrivals = at
+    backend.policy = routing_policy(s.policy, backend.cost)
+    if backend.residency is not None:
+        backend.residency = UserResidency(backend.residency.ttl_s)
+    bodies = [s.body(b) for b in _redated(trace.bodies, day)]
+    load_before = os.getloadavg()[0]
+    res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True)
+    drained = wait_for_builds(backend.store_stats)
+    cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
+            "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
+            **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
+            "builds_drained": drained, "arrivals_s": arrivals.tolist(),
+            # the machine's 1-min load average before and after the cell: a quiet 2-core
+            # machine running this sweep stays near 2-3
+            "loadavg_1m": [load_before, os.getloadavg()[0]],
+            "requests": [dict(r) for r in res["requests"]]}
+    print(f"cell {cell['series']} at {rate:.3f} rps: p50/p99 "
+          f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
+          f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
+          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost; load average "
+          f"{load_before:.1f}", flush=True)
+    return cell
+
+
+def _cells(url: str, backend, series, rates, capacity, trace, args) -> list[dict]:
+    """Every cell, rate by rate; `sweep.partial.json` rewritten after each (what a stopped
+    sweep leaves)."""
+    cells: list[dict] = []
+    day = 0
+    for value, rel in rates:
+        rate = value * capacity if rel else value
+        arrivals = trace.arrivals_s(rate)
+        for s in series:
+            day += 1
+            cells.append(_cell(url, backend, s, args, trace, day,
+                               (value, rel, rate, arrivals)))
+            with open(os.path.join(args.out, "sweep.partial.json"), "w",
+                      encoding="utf-8") as fh:   # what a stopped sweep leaves
+                json.dump({"capacity_rps": capacity, "cells": cells}, fh, default=str)
+    return cells
+
+
 def run_sweep(args) -> int:
     """Runs the sweep the arguments describe and writes its outputs (module docstring)."""
     from ..launch import load_data
     from ..kvstore.redis_server import RedisServer
-    from ..routing import routing_policy
     from ..serve import lifecycle
     from ..serve.app import create_app
-    from ..serve.loadgen import run_load
-    from ..serve.phases import _redated, wait_for_builds
     from ..serve.router import RayBackend
     from ..serve.server import start_in_thread
     from ..serve.settings import ServeSettings
     from ..serve.spec import EngineSpec
     from ..serve.trace import review_trace
-    from ..serve.views import UserResidency
 
     logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
     series = series_of(args.methods, args.policies, bool(args.adapter))
@@ -211,11 +280,9 @@ def run_sweep(args) -> int:
         raise RcllmError("--slo-ms must be > 0")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.perf_counter()
-    ds = load_data(args)
-    trace = review_trace(ds, args.requests, args.candidates, seed=args.seed)
+    trace = review_trace(load_data(args), args.requests, args.candidates, seed=args.seed)
     print(f"trace: {json.dumps(trace.summary())}", flush=True)
     redis = RedisServer().start()
-    cells: list[dict] = []
     try:
         spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format,
                           args.category, args.kv_dir, args.adapter, args.scorer,
@@ -230,23 +297,7 @@ def run_sweep(args) -> int:
             # one request per instance at a time: never refused, and never queued long
             # enough for the app's 120 s timeout however slow the machine (a wave of a whole
             # queue per instance got 504s on a busy 2-core box)
-            wave = args.instances
-            warm_fields = parse_method(POLICY_METHOD)[1]
-            warm = _waves(running.url, [{**b, **warm_fields} for b in trace.bodies], wave)
-            # each method's first requests (torch's first calls at its shapes) off the books
-            first = trace.bodies[:wave]
-            for s in series:
-                _waves(running.url, [s.body(b) for b in _redated(first, -1)], wave)
-            wait_for_builds(backend.store_stats)
-            capacity = None
-            if any(rel for _v, rel in rates):
-                probe = _waves(running.url, [{**b, "method": "prefix"} for b in trace.bodies],
-                               wave)
-                engine_ms = [r["total_ms"] for r in probe["requests"] if r["status"] == 200]
-                if not engine_ms:
-                    raise RcllmError("the capacity probe got no answer")
-                capacity = args.instances * 1e3 / float(np.mean(engine_ms))
-                wait_for_builds(backend.store_stats)
+            warm, capacity = _warm_up(running.url, backend, trace, series, rates, args.instances)
             span_s = sum(len(series) * trace.arrivals_s(v * capacity if rel else v)[-1]
                          for v, rel in rates)
             print(f"start {start_s:.1f} s; warm-up {warm['wall_s']:.1f} s "
@@ -254,53 +305,21 @@ def run_sweep(args) -> int:
                   f"{capacity if capacity is None else round(capacity, 3)} rps; the cells' "
                   f"arrivals span {span_s / 60:.1f} min (plus the drain of overloaded cells)",
                   flush=True)
-            day = 0
-            for value, rel in rates:
-                rate = value * capacity if rel else value
-                arrivals = trace.arrivals_s(rate)
-                for s in series:
-                    day += 1
-                    backend.policy = routing_policy(s.policy, backend.cost)
-                    if backend.residency is not None:
-                        backend.residency = UserResidency(backend.residency.ttl_s)
-                    bodies = [s.body(b) for b in _redated(trace.bodies, day)]
-                    load_before = os.getloadavg()[0]
-                    res = run_load(running.url, bodies, rate, args.timeout_s,
-                                   arrivals_s=arrivals, keep_rows=True)
-                    drained = wait_for_builds(backend.store_stats)
-                    cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
-                            "series": f"{s.name} @ {s.policy}", "method": s.name,
-                            "policy": s.policy,
-                            **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
-                            "builds_drained": drained, "arrivals_s": arrivals.tolist(),
-                            # the machine's 1-min load average before and after the cell: a
-                            # quiet 2-core machine running this sweep stays near 2-3
-                            "loadavg_1m": [load_before, os.getloadavg()[0]],
-                            "requests": [{k: v for k, v in r.items()} for r in res["requests"]]}
-                    cells.append(cell)
-                    with open(os.path.join(args.out, "sweep.partial.json"), "w",
-                              encoding="utf-8") as fh:   # what a stopped sweep leaves
-                        json.dump({"capacity_rps": capacity, "cells": cells}, fh, default=str)
-                    print(f"cell {cell['series']} at {rate:.3f} rps: p50/p99 "
-                          f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
-                          f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
-                          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost; load average "
-                          f"{load_before:.1f}", flush=True)
+            cells = _cells(running.url, backend, series, rates, capacity, trace, args)
             profile = {"name": backend.profile.name}
         finally:
             running.stop()
     finally:
         redis.stop()
-    wall_s = time.perf_counter() - t_start
     report = {"name": "bench.serve.sweep",
               "config": {k: v for k, v in vars(args).items() if k != "func"},
               "trace": trace.summary(), "capacity_rps": capacity, "start_s": start_s,
-              "cells_arrival_span_s": span_s,
-              "slo_ms": args.slo_ms, "instances": args.instances, "router_profile": profile,
-              "cpu_count": os.cpu_count(),
-              "series": [s.__dict__ for s in series], "wall_s": wall_s, "cells": cells}
+              "cells_arrival_span_s": span_s, "slo_ms": args.slo_ms,
+              "instances": args.instances, "router_profile": profile,
+              "cpu_count": os.cpu_count(), "series": [s.__dict__ for s in series],
+              "wall_s": time.perf_counter() - t_start, "cells": cells}
     write_outputs(report, args.out)
-    print(f"sweep: {len(cells)} cells in {wall_s:.0f} s; outputs in {args.out}")
+    print(f"sweep: {len(cells)} cells in {report['wall_s']:.0f} s; outputs in {args.out}")
     return 0
 
 

@@ -28,7 +28,6 @@ COLUMNS = ("config", "phase", "sent", "ok", "rejected_429", "failed", "throughpu
 
 
 def register_bench(bench) -> None:
-    from ..bench import serve_sweep as sweep
     from .common import add_candidate_source_option, add_data_options, add_engine_options
 
     p = bench.add_parser("serve", help="serving throughput / TTFT, 1 vs K instances, policies; "
@@ -65,6 +64,13 @@ def register_bench(bench) -> None:
     p.add_argument("--fault-instance", action="store_true",
                    help="phase (last): the workload again, instance 0 killed once 1/3 is answered")
     p.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    _sweep_options(p)
+    p.set_defaults(func=run)
+
+
+def _sweep_options(p) -> None:
+    from ..bench import serve_sweep as sweep
+
     g = p.add_argument_group("rate sweep (--sweep; bench/serve_sweep.py)")
     g.add_argument("--sweep", action="store_true",
                    help="TTFT under load per method and routing policy over a rate sweep, on "
@@ -89,7 +95,6 @@ def register_bench(bench) -> None:
                    help="client timeout per request; a request over it is counted lost")
     g.add_argument("--out", default="bench-serve-sweep",
                    help="folder of sweep.json, sweep.md and the PNGs (default bench-serve-sweep)")
-    p.set_defaults(func=run)
 
 
 def _bodies(cases) -> list[dict]:
@@ -141,16 +146,49 @@ def run(args) -> int:
         return _run(args)
 
 
-def _run(args) -> int:
+def _config_rows(args, conf: str, bodies: list[dict], warm: int, redis) -> list[dict]:
+    """One INSTANCES:POLICY deployment: its warm-up, then every phase, one row each."""
     from ..serve import lifecycle, phases
-    from .common import load_workload, print_retrieval_recall
     from ..serve.app import create_app
-    from ..eval.protocol import retrieval_recall
     from ..serve.loadgen import run_load
     from ..serve.router import RayBackend
     from ..serve.server import start_in_thread
     from ..serve.settings import ServeSettings
     from ..serve.spec import EngineSpec
+
+    k, policy = conf.split(":")
+    rows: list[dict] = []
+    spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format,
+                      args.category, args.kv_dir, args.adapter, args.scorer,
+                      redis_url=f"redis://127.0.0.1:{redis.port}" if redis else None,
+                      kv_encoding=args.kv_encoding)
+    t0 = time.perf_counter()
+    backend = RayBackend(spec, int(k), args.queue_size, policy)
+    lifecycle.install()          # ray.init put its own SIGTERM handler in place
+    start_s = time.perf_counter() - t0
+    running = start_in_thread(create_app(backend,
+                                         ServeSettings(queue_size=args.queue_size)))
+    try:
+        if warm:
+            rows.append({"config": f"{k} x {policy}", "phase": "warm-up",
+                         **run_load(running.url, bodies[:warm], args.qps)})
+            # steady measures the cache after warm-up: the warm-up's misses are built
+            # behind its answers, so wait for them (on a busy machine they were not
+            # all built yet when steady began, and it missed)
+            phases.wait_for_builds(backend.store_stats)
+        for phase, res in _phases(args, backend, running.url, bodies, redis):
+            rows.append({"config": f"{k} x {policy}", "phase": phase,
+                         "start_s": start_s, **res})
+            print(f"{conf} {phase}: {json.dumps(res, default=str)}", flush=True)
+        rows[-1]["metrics_tail"] = _metrics(running.url)
+    finally:
+        running.stop()
+    return rows
+
+
+def _run(args) -> int:
+    from ..eval.protocol import retrieval_recall
+    from .common import load_workload, print_retrieval_recall
 
     if args.fault_redis and not args.redis_local:
         raise RcllmError("--fault-redis needs --redis-local (the run must own the server)")
@@ -169,32 +207,7 @@ def _run(args) -> int:
     rows = []
     try:
         for conf in args.configs.split(","):
-            k, policy = conf.split(":")
-            spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format,
-                              args.category, args.kv_dir, args.adapter, args.scorer,
-                              redis_url=f"redis://127.0.0.1:{redis.port}" if redis else None,
-                              kv_encoding=args.kv_encoding)
-            t0 = time.perf_counter()
-            backend = RayBackend(spec, int(k), args.queue_size, policy)
-            lifecycle.install()          # ray.init put its own SIGTERM handler in place
-            start_s = time.perf_counter() - t0
-            running = start_in_thread(create_app(backend,
-                                                 ServeSettings(queue_size=args.queue_size)))
-            try:
-                if warm:
-                    rows.append({"config": f"{k} x {policy}", "phase": "warm-up",
-                                 **run_load(running.url, bodies[:warm], args.qps)})
-                    # steady measures the cache after warm-up: the warm-up's misses are built
-                    # behind its answers, so wait for them (on a busy machine they were not
-                    # all built yet when steady began, and it missed)
-                    phases.wait_for_builds(backend.store_stats)
-                for phase, res in _phases(args, backend, running.url, bodies, redis):
-                    rows.append({"config": f"{k} x {policy}", "phase": phase,
-                                 "start_s": start_s, **res})
-                    print(f"{conf} {phase}: {json.dumps(res, default=str)}", flush=True)
-                rows[-1]["metrics_tail"] = _metrics(running.url)
-            finally:
-                running.stop()
+            rows += _config_rows(args, conf, bodies, warm, redis)
     finally:
         if redis is not None:
             redis.stop()

@@ -14,7 +14,6 @@ log = logging.getLogger(__name__)
 
 def register(top, bench) -> None:
     from .common import add_engine_options
-    from ..routing import POLICIES
     from ..serve.settings import ServeSettings
 
     d = ServeSettings()
@@ -41,6 +40,19 @@ def register(top, bench) -> None:
                         "prompt settings, scorer and default method")
     p.add_argument("--scorer", choices=("verbalizer", "likelihood", "pointwise"),
                    help="default: the adapter's, else verbalizer")
+    _store_options(p)
+    p.add_argument("--build-items", action="store_true",
+                   help="single process: build every catalog item's KV before serving")
+    _cluster_options(p)
+    p.set_defaults(func=run)
+    if bench is not None:
+        from .bench_serve import register_bench
+
+        register_bench(bench)
+
+
+def _store_options(p) -> None:
+    """The KV tiers and the user-prefix cache."""
     p.add_argument("--history-kv-bytes", type=int, default=1 << 30, metavar="N",
                    help="memory budget of review (history) chunk KV, apart from the item KV "
                         "budget reuse.store_bytes, so client reviews cannot evict catalog items "
@@ -66,8 +78,12 @@ def register(top, bench) -> None:
     p.add_argument("--userprefix-spill-bytes", type=int, metavar="N",
                    help="pointwise scorer: host spill tier for evicted user sides (= --set "
                         "userprefix.spill_bytes=N; default 0 = off)")
-    p.add_argument("--build-items", action="store_true",
-                   help="single process: build every catalog item's KV before serving")
+
+
+def _cluster_options(p) -> None:
+    """Ray instances behind the router."""
+    from ..routing import POLICIES
+
     p.add_argument("--instances", type=int, default=1,
                    help="K > 1: K Ray instance actors behind a router (default 1: no Ray)")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
@@ -80,11 +96,6 @@ def register(top, bench) -> None:
                         "profile; PATH = a profile saved by --save-profile")
     p.add_argument("--save-profile", metavar="PATH",
                    help="write the profile the router uses to PATH (JSON), for --profile PATH")
-    p.set_defaults(func=run)
-    if bench is not None:
-        from .bench_serve import register_bench
-
-        register_bench(bench)
 
 
 def settings_from(args):
