@@ -26,7 +26,7 @@ def same(a: ChunkKV, b: ChunkKV) -> bool:
 
 def write_adapter(folder, loaded, model_dir, scale=0.5, alpha=1.0, rank=2, **manifest):
     """A small valid rcllm adapter for `loaded` (layer 0's o_proj) saved in `folder`."""
-    from rcllm.config import PromptConfig
+    from rcllm.config import PROMPT_VERSION, PromptConfig
     from rcllm.finetune.adapter import save_adapter
 
     hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
@@ -39,5 +39,5 @@ def write_adapter(folder, loaded, model_dir, scale=0.5, alpha=1.0, rank=2, **man
                                    "first_layer": 0,
                                    "prompt": dataclasses.asdict(PromptConfig()),
                                    "split": {"fractions": [0.8, 0.1, 0.1], "seed": 0},
-                                   **manifest})
+                                   "prompt_version": PROMPT_VERSION, **manifest})
     return folder

@@ -22,7 +22,8 @@ from rcllm.serve.spec import EngineSpec
 def tuned(tiny_model_dir, tmp_path):
     base = load_model(ModelConfig(path=str(tiny_model_dir), threads=0))
     return write_adapter(tmp_path / "tuned", base, tiny_model_dir,
-                         train={"objective": "pointwise", "reuse": True})
+                         train={"objective": "pointwise", "path": "joint"},
+                         fast_path={"method": "naive", "item_tail": 0, "user_side": "exact"})
 
 
 def test_serve_spec_adopts_the_adapters_scorer_and_method(tiny_model_dir, tuned):
