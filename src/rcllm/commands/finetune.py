@@ -266,7 +266,8 @@ def _summary(folder: Path) -> None:
 
     m = read_manifest(folder)
     rate = m.get("prompts_per_s")
-    print(f"training time {m['train_seconds']:.0f} s ({m['model']['threads']} threads), "
+    print(f"training time {m['train_seconds']:.0f} s ({m['model']['threads']} threads; "
+          f"{m.get('validation_seconds', 0):.0f} s of it validating), "
           f"{m.get('train_prompts')} prompts" + (f", {rate:.3f} prompts/s" if rate else "")
           + (", stopped early" if m.get("stopped_early") else ""))
     try:

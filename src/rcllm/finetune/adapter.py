@@ -53,8 +53,14 @@ def save_adapter(folder: Path, factors: dict[str, torch.Tensor], manifest: dict)
 
 def fast_path(manifest: dict) -> dict | None:
     """The fast path an adapter was trained for: {"method", "item_tail", "user_side"}, or None
-    (trained on the full path only)."""
-    return manifest.get("fast_path")
+    (trained on the full path only). Manifests from before the field say it with
+    `train.reuse` / `train.reuse_tail` (reuse-aware stages: naive, user side exact)."""
+    if "fast_path" in manifest:
+        return manifest["fast_path"]
+    train = manifest.get("train", {})
+    if not train.get("reuse", False):
+        return None
+    return {"method": "naive", "item_tail": int(train.get("reuse_tail", 0)), "user_side": "exact"}
 
 
 def eval_settings(cfg, path: str | Path):

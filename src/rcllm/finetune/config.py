@@ -69,7 +69,7 @@ class TrainConfig:
     batch: int = opt(8, "prompts per optimiser step (gradients accumulated, loss averaged)")
     steps: int = opt(0, "optimiser steps; 0 = epochs x examples / batch")
     lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to a tenth)")
-    warmup_steps: int = opt(10, "linear warm-up steps")
+    warmup_steps: int = opt(10, "linear warm-up steps (at most a tenth of the run)")
     weight_decay: float = opt(0.0, "AdamW decoupled weight decay")
     grad_clip: float = opt(1.0, "clip the gradient norm to this (0 = off)")
     seed: int = opt(0, "seeds the LoRA init, the example order, negatives and label orders")

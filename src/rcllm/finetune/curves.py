@@ -78,7 +78,8 @@ def text(data: dict) -> list[str]:
     lines = [f"training (step: CE full/reuse, KL, top-1 full/reuse; chance "
              f"ln C = {data['chance_ce_train']:.3f}):"]
     rows = data["train"]
-    for r in rows[:: max(1, len(rows) // 24)] + rows[-1:] if rows else []:
+    shown = rows[:: max(1, len(rows) // 24)]
+    for r in shown + [r for r in rows[-1:] if r is not shown[-1]]:
         lines.append("  " + f"{r['step']:>5}: " + "  ".join(
             f"{k} {r[k]:.3f}" for k in ("ce_full", "ce_reuse", "kl", "top1_full", "top1_reuse")
             if k in r))

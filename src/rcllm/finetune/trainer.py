@@ -87,6 +87,7 @@ class TrainState:
     stopped_early: bool = False
     elapsed_s: float = 0.0                             # training time over all sessions
     prompts: int = 0                                   # training prompts scored
+    val_s: float = 0.0                                 # of elapsed_s, spent validating
 
 
 class Trainer:
@@ -233,7 +234,8 @@ class Trainer:
             (loss / t.batch).backward()
             rows.append(stats)
         clip_grad_norm(self.lora.factors, t.grad_clip)
-        lr = lr_at(step, self.total_steps, t.lr, t.warmup_steps)
+        total = self.total_steps   # a short run warms up over a tenth of it at most
+        lr = lr_at(step, total, t.lr, min(t.warmup_steps, max(1, total // 10)))
         self.opt.step(lr)
         self.opt.zero_grad()
         self.state.step = step + 1
@@ -243,6 +245,7 @@ class Trainer:
 
     def _validate(self, patch: LoraPatch, progress: bool) -> None:
         """Scores the validation cases with the current factors; keeps them when best."""
+        start = time.perf_counter()
         patch.install()
         paths = self.cfg.train.paths
 
@@ -258,6 +261,7 @@ class Trainer:
             self._save_best()
         else:
             self.state.since_best += 1
+        self.state.val_s += time.perf_counter() - start
         log.info("validation at step %d: %s", self.state.step,
                  ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "step"))
 
@@ -272,8 +276,9 @@ class Trainer:
         draws = [self.stream.draw(i) for i in range(examples)]
         patch = LoraPatch(self.model, self.lora, self._base)
         rows = []
+        bar = tqdm(range(steps), desc="overfit", disable=not progress)
         try:
-            for step in tqdm(range(steps), desc="overfit", disable=not progress):
+            for step in bar:
                 stats = []
                 for d in draws:
                     patch.install()
@@ -285,6 +290,8 @@ class Trainer:
                 self.opt.zero_grad()
                 rows.append({"step": step + 1,
                              **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}})
+                bar.set_postfix({k: f"{v:.3f}" for k, v in rows[-1].items()
+                                 if k.startswith(("ce_", "kl"))})
         finally:
             patch.restore()
         return rows
@@ -398,8 +405,10 @@ class Trainer:
             "steps_done": st.step, "stopped_early": st.stopped_early,
             "best": {"step": st.best_step, **(st.val[[r["step"] for r in st.val].index(
                 st.best_step)] if st.best_step is not None else {})},
-            "train_seconds": round(st.elapsed_s, 1), "train_prompts": st.prompts,
-            "prompts_per_s": round(st.prompts / st.elapsed_s, 4) if st.elapsed_s else None,
+            "train_seconds": round(st.elapsed_s, 1), "validation_seconds": round(st.val_s, 1),
+            "train_prompts": st.prompts,   # prompts/s: training prompts over the time spent
+            "prompts_per_s": (round(st.prompts / (st.elapsed_s - st.val_s), 4)  # on them
+                              if st.elapsed_s > st.val_s else None),
         }
         path = save_adapter(self.folder, factors, manifest)
         curves.save(self.folder, data, f"{self.ds.name} · {t.path} · key {self.key[:12]}")
