@@ -56,6 +56,7 @@ from .config import FinetuneConfig
 from .data import Draw, ExampleStream, dataset_digest
 from .lora import Lora, LoraPatch, base_weights
 from .optim import AdamW, clip_grad_norm, lr_at
+from .overfit import overfit as run_overfit
 from .paths import PathScorer, PathScores
 from .validate import validate, validation_cases
 
@@ -267,34 +268,8 @@ class Trainer:
 
     # ---- overfitting a handful (is the model what blocks us?) ---------------------------------
     def overfit(self, examples: int, steps: int, progress: bool = False) -> list[dict]:
-        """Trains on prompts 0..examples-1 only (fixed candidates), all of them every step, at
-        the run's learning rate without decay; returns the per-step statistics. A recipe whose
-        loss cannot approach zero here is blocked by the model or the path, not the data.
-        Saves nothing."""
-        from tqdm import tqdm
-
-        draws = [self.stream.draw(i) for i in range(examples)]
-        patch = LoraPatch(self.model, self.lora, self._base)
-        rows = []
-        bar = tqdm(range(steps), desc="overfit", disable=not progress)
-        try:
-            for step in bar:
-                stats = []
-                for d in draws:
-                    patch.install()
-                    loss, st = self.loss_of(d)
-                    (loss / len(draws)).backward()
-                    stats.append(st)
-                clip_grad_norm(self.lora.factors, self.cfg.train.grad_clip)
-                self.opt.step(self.cfg.train.lr)
-                self.opt.zero_grad()
-                rows.append({"step": step + 1,
-                             **{k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}})
-                bar.set_postfix({k: f"{v:.3f}" for k, v in rows[-1].items()
-                                 if k.startswith(("ce_", "kl"))})
-        finally:
-            patch.restore()
-        return rows
+        """The overfit check on this run's path (finetune.overfit)."""
+        return run_overfit(self, examples, steps, progress)
 
     # ---- checkpoints ------------------------------------------------------------------------
     def _save_best(self) -> None:
