@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import time
 
@@ -15,15 +16,18 @@ from rcllm.serve.phases import RssSampler
 def test_rss_sampler_measures_each_process_in_itself():
     sampler = RssSampler({"me": os.getpid(), "gone": 2**22 + 7}, interval_s=0.01,
                          settle_s=0.3).start()
-    blob = bytearray(32 << 20)        # 32 MiB more in this process, before it settles
-    blob[::4096] = b"x" * len(blob[::4096])
+    # 32 MiB more in this process, before it settles: a fresh anonymous mapping, every page
+    # touched (a bytearray could reuse heap pages earlier tests freed but left resident)
+    blob = mmap.mmap(-1, 32 << 20)
+    for at in range(0, 32 << 20, 4096):
+        blob[at] = 1
     time.sleep(0.5)
     out = sampler.stop()
     me = out["me"]
     assert "gone" not in out and me["samples"] >= 2 and me["settle_s"] >= 0.3
     assert me["peak_mib"] - me["start_mib"] >= 30
     assert me["growth_peak_after_settle"] < me["growth_peak"]
-    del blob
+    blob.close()
 
 
 def test_bench_serve_phases(tiny_model_dir, tmp_path):
