@@ -132,7 +132,8 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
               f"{cfg.train.batch} prompts, path {cfg.train.path}, validation on "
               f"{len(trainer.val_cases)} users every {trainer.val_every} steps")
         trainer.run(progress=True)
-        print(f"trained in {time.perf_counter() - start:.0f} s by this run (a resumed run adds to its checkpoint)")
+        print(f"trained in {time.perf_counter() - start:.0f} s by this run "
+              "(a resumed run continues its checkpoint)")
     _summary(folder)
     return folder
 
