@@ -196,7 +196,7 @@ def test_overlapped_gather_failure_is_raised(tiny_loaded, workload):
 
 
 def test_layout_blocks_see_the_shared_part_and_themselves_only():
-    from rcllm.prefill.selective import Layout
+    from rcllm.prefill.layout import Layout
 
     lay = Layout.after(3, [2, 3])           # shared 0..2, blocks [3,5) and [5,8)
     assert lay.pos.tolist() == [0, 1, 2, 3, 4, 3, 4, 5]

@@ -28,7 +28,7 @@ def test_batched_scores_equal_independent_forwards(tiny_loaded):
 
 def test_batched_scores_with_small_groups(tiny_loaded, monkeypatch):
     """Grouping the block attention by candidates does not change the scores."""
-    import rcllm.prefill.selective as selective
+    import rcllm.prefill.layout as layout
     import rcllm.userprefix.scoring as scoring
 
     ranker, ds = make_ranker(tiny_loaded)
@@ -37,8 +37,8 @@ def test_batched_scores_with_small_groups(tiny_loaded, monkeypatch):
     suffixes = [ranker.prompt.candidate_ids(c) for c in sample_candidates(ds, 7, seed=2)]
     kv = compute_prefix(ranker.model, side.ids)
     whole = scoring.score_batched(ranker.model, kv, suffixes, 1, 2)
-    monkeypatch.setattr(selective, "GROUP_SLOTS", 40)
-    assert len(selective.Layout.after(len(side.ids), [len(s) for s in suffixes])._groups) > 2
+    monkeypatch.setattr(layout, "GROUP_SLOTS", 40)
+    assert len(layout.Layout.after(len(side.ids), [len(s) for s in suffixes])._groups) > 2
     grouped = scoring.score_batched(ranker.model, kv, suffixes, 1, 2)
     assert torch.allclose(whole, grouped, atol=1e-6)
 

@@ -19,7 +19,8 @@ from ..kvstore.base import KVMatch, match_chunk
 from ..model.transformer import Transformer
 from ..prefill.chunks import ChunkBuilder
 from ..prefill.prefix_cache import PrefixCache
-from ..prefill.selective import Layout, PrefillInputs
+from ..prefill.layout import Layout
+from ..prefill.selective import PrefillInputs
 from ..prompt.builder import KINDS, Prompt
 from .gather import LayerGather
 from .records import SOURCES, RankStats

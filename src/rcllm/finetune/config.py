@@ -28,7 +28,9 @@ class LoraConfig:
     rank: int = opt(8, "rank r of each low-rank update B @ A")
     alpha: float = opt(16.0, "scale of the update is alpha / rank")
     targets: str = opt("q,k,v,o", "attention projections adapted (comma-separated of q,k,v,o)")
-    first_layer: int = opt(0, "layers below this one are not adapted (backward stops there)")
+    first_layer: int = opt(20, "layers below this one are not adapted: backward stops there, "
+                               "and their outputs are computed once per prompt "
+                               "(train.frozen_cache_gb)")
 
     @property
     def target_list(self) -> tuple[str, ...]:
@@ -84,6 +86,12 @@ class TrainConfig:
                               "from the init adapter's full path (frozen): loss = (1-d)·CE + "
                               "d·KL(teacher || reuse path); superseded by train.path=joint")
     candidates: int = opt(8, "candidates per training prompt (target + popularity negatives)")
+    negatives: str = opt("fixed", "fixed: an example's negatives are drawn once (seeded by the "
+                                  "example), so its prompt is the same every epoch and the "
+                                  "frozen layers' outputs are reused (lora.first_layer > 0); "
+                                  "fresh: new negatives every time it is drawn")
+    frozen_cache_gb: float = opt(6.0, "memory for the frozen layers' outputs per prompt "
+                                      "(training and validation prompts; exact); 0 = off")
     targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
     val_users: int = opt(64, "validation users scored at each validation (0 = no validation: "
@@ -130,6 +138,9 @@ class TrainConfig:
                              "(the teacher is the init adapter's full path)")
         if not 2 <= self.candidates <= 26 or not 2 <= self.val_candidates <= 26:
             raise RcllmError("train.candidates and train.val_candidates must be within 2..26")
+        if self.negatives not in ("fixed", "fresh") or self.frozen_cache_gb < 0:
+            raise RcllmError(f"train.negatives must be 'fixed' or 'fresh' (got "
+                             f"{self.negatives!r}) and train.frozen_cache_gb >= 0")
         if self.targets not in ("last", "all"):
             raise RcllmError(f"train.targets must be 'last' or 'all', not {self.targets!r}")
         if len(self.fractions) != 3:
@@ -164,7 +175,7 @@ class FinetuneConfig:
         tree = dataclasses.asdict(self)
         for name in ("threads", "cache_dir", "adapter"):
             tree["model"].pop(name)
-        for name in ("checkpoint_every", "log_every"):
+        for name in ("checkpoint_every", "log_every", "frozen_cache_gb"):
             tree["train"].pop(name)
         t = tree["train"]
         if self.train.path == "full":  # options of the other paths change nothing

@@ -7,7 +7,9 @@ never read.
 
 Each step's prompt is a pure function of (seed, step): the example comes from a seeded
 permutation per epoch, the negatives and the label order from a generator seeded with
-(seed, step). A resumed run therefore sees exactly the prompts an uninterrupted one would.
+(seed, step), the negatives with (seed, example) when they are fixed (`train.negatives=fixed`: an
+example's candidates are the same every epoch, in a fresh order). A resumed run therefore sees exactly the prompts an
+uninterrupted one would.
 Negatives are drawn like the evaluation's (distinct, ∝ popularity, never an item of the user),
 with popularity counted over the training users' sequences only, so no evaluated target leaks
 in through the counts. The label order is a fresh shuffle every step: the target sits at every
@@ -73,7 +75,7 @@ class ExampleStream:
     """`draw(step)` → the step's Draw (see the module docstring)."""
 
     def __init__(self, ds: Dataset, users: Sequence[UserId], targets: str, history_window: int,
-                 candidates: int, seed: int):
+                 candidates: int, seed: int, fixed: bool = False):
         self.negatives = candidates - 1
         self.user_items = {u: {e.item_id for e in ds.users[u]} for u in users}
         # users whose items leave too few negatives in the catalogue are skipped (as in eval)
@@ -90,7 +92,7 @@ class ExampleStream:
         # items unseen in training get a tiny weight: drawn only to fill up, as in the evaluation
         self.weights = np.array([counts[i] + 1e-3 for i in self.ids])
         self.index = {item: k for k, item in enumerate(self.ids)}
-        self.seed = seed
+        self.seed, self.fixed = seed, fixed
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -99,11 +101,14 @@ class ExampleStream:
         n = len(self.examples)
         epoch, offset = divmod(step, n)
         perm = np.random.default_rng([self.seed, epoch, 0]).permutation(n)
-        ex = self.examples[int(perm[offset])]
+        which = int(perm[offset])
+        ex = self.examples[which]
         rng = np.random.default_rng([self.seed, step, 1])
+        # fixed: the example's own negatives, the same every epoch (the order stays fresh)
+        pick = np.random.default_rng([self.seed, which, 2]) if self.fixed else rng
         w = self.weights.copy()
         w[[self.index[i] for i in self.user_items[ex.user_id]]] = 0.0
-        picks = rng.choice(len(self.ids), size=self.negatives, replace=False, p=w / w.sum())
+        picks = pick.choice(len(self.ids), size=self.negatives, replace=False, p=w / w.sum())
         cands = [ex.target, *[self.ids[k] for k in picks.tolist()]]
         order = rng.permutation(len(cands)).tolist()
         shuffled = tuple(cands[i] for i in order)

@@ -26,7 +26,8 @@ import torch
 from ..config import ReuseConfig
 from ..prefill.scoring import yes_no_logits
 from ..prefill.selection import SelectionPolicy
-from ..prefill.selective import Layout, PrefillInputs, prefill
+from ..prefill.layout import Layout
+from ..prefill.selective import Frozen, PrefillInputs, prefill
 from ..prompt.builder import RankRequest
 from ..records import HistoryEntry, ItemId, UserId
 
@@ -42,16 +43,53 @@ class PathScores:
     hidden: dict[str, torch.Tensor]
 
 
+class FrozenCache:
+    """The frozen layers' output per prompt (`Frozen` of the main pass and of the chunk pass),
+    kept up to `limit` bytes (later prompts are computed whole once it is full)."""
+
+    def __init__(self, layer: int, limit: int):
+        self.layer, self.limit, self.used = layer, limit, 0
+        self.held: dict = {}
+        self.hits = self.misses = 0
+
+    def get(self, key) -> tuple[Frozen, Frozen | None] | None:
+        got = self.held.get(key)
+        self.hits += got is not None
+        self.misses += got is None
+        return got
+
+    def put(self, key, main: Frozen, chunk: Frozen | None) -> None:
+        size = main.nbytes + (chunk.nbytes if chunk is not None else 0)
+        if self.used + size <= self.limit:
+            self.held[key] = (main, chunk)
+            self.used += size
+
+
 class PathScorer:
     """Scores candidates on the paths asked for; mutates nothing but the model's autograd graph.
-    `pw` is the engine's PointwisePrompt, `tail` the item tail of the reuse path."""
+    `pw` is the engine's PointwisePrompt, `tail` the item tail of the reuse path.
 
-    def __init__(self, model, pw, tail: int):
+    `frozen_layer` > 0: the weights below that layer never change (LoRA from `lora.first_layer`
+    on), so the states entering it are a function of the prompt: the first scoring of a prompt
+    records them (up to `cache_bytes`) and later scorings of the same prompt (the next epoch, the
+    next validation) run only the layers from there on. Exact: the scores are the same."""
+
+    def __init__(self, model, pw, tail: int, frozen_layer: int = 0, cache_bytes: int = 0):
         self.model, self.pw, self.tail = model, pw, tail
         self._naive = SelectionPolicy(ReuseConfig(method="naive"))  # compute what is not given
+        self.cache = (FrozenCache(frozen_layer, cache_bytes)
+                      if frozen_layer > 0 and cache_bytes > 0 else None)
 
     def score(self, user_id: UserId, history: tuple[HistoryEntry, ...],
               candidates: tuple[ItemId, ...], paths: tuple[str, ...]) -> PathScores:
+        if self.cache is not None and list(candidates) != sorted(candidates):
+            # blocks all start after the user side, so their order changes no score: score
+            # them sorted (one cache entry per candidate set) and hand them back in order
+            order = sorted(range(len(candidates)), key=lambda i: candidates[i])
+            got = self.score(user_id, history, tuple(candidates[i] for i in order), paths)
+            back = torch.tensor([order.index(i) for i in range(len(order))])
+            return PathScores({p: v[back] for p, v in got.scores.items()},
+                              {p: v[back] for p, v in got.hidden.items()})
         prompt = self.pw.prompt(RankRequest(user_id, history, candidates))
         # (item chunk, "? Answer:") of each block: PointwisePrompt's block layout
         blocks = [(list(item.token_ids), list(tail.token_ids)) for item, tail in prompt.blocks]
@@ -65,9 +103,15 @@ class PathScorer:
                 if path == "reuse" and keep:
                     reused.append(((s, s + keep), c))
         inp = self._inputs(ids, ranges)
+        key = (user_id, history, candidates, paths)
+        got = self.cache.get(key) if self.cache is not None else None
+        main, chunk = got if got is not None else (None, None)
+        capture = self.cache.layer if self.cache is not None and got is None else None
         if reused:
-            self._fill_from_chunks(inp, blocks, reused)
-        res = prefill(self.model, inp, self._naive, grad=True)
+            chunk = self._fill_from_chunks(inp, blocks, reused, chunk, capture)
+        res = prefill(self.model, inp, self._naive, grad=True, start=main, capture=capture)
+        if capture is not None:
+            self.cache.put(key, res.frozen, chunk)
         h = self.model.final_hidden(res.hidden_out)              # [P·C, d]
         logits = yes_no_logits(self.model, h, self.pw.yes_id, self.pw.no_id)
         s = logits[:, 0] - logits[:, 1]
@@ -75,8 +119,10 @@ class PathScorer:
         return PathScores({p: s[i * n:(i + 1) * n] for i, p in enumerate(paths)},
                           {p: h[i * n:(i + 1) * n] for i, p in enumerate(paths)})
 
-    def _fill_from_chunks(self, inp: PrefillInputs, blocks, reused) -> None:
-        """Writes the isolated chunk pass's KV into the reused slots (graph kept)."""
+    def _fill_from_chunks(self, inp: PrefillInputs, blocks, reused, start: Frozen | None,
+                          capture: int | None) -> Frozen | None:
+        """Writes the isolated chunk pass's KV into the reused slots (graph kept): every layer,
+        or from `start.layer` on when the pass starts there. Returns the states `capture`d."""
         ctx = list(self.pw.instruction_ids) + list(self.pw.context_ids("item"))
         need = {c: e - s for (s, e), c in reused}   # chunk index → tokens taken from the pass
         ids, where, ranges = list(ctx), {}, []
@@ -85,14 +131,15 @@ class PathScorer:
             ids += blocks[c][0][: need[c]]
             ranges.append((where[c], len(ids)))
         chunk = self._inputs(ids, ranges)
-        prefill(self.model, chunk, self._naive, grad=True)
-        for layer in range(self.model.arch.num_layers):
+        res = prefill(self.model, chunk, self._naive, grad=True, start=start, capture=capture)
+        for layer in range(start.layer if start is not None else 0, self.model.arch.num_layers):
             for (s, e), c in reused:
                 cs = where[c]
                 inp.k_buf[layer][:, s:e] = chunk.k_buf[layer][:, cs:cs + e - s]
                 inp.v_buf[layer][:, s:e] = chunk.v_buf[layer][:, cs:cs + e - s]
         for (s, e), _ in reused:
             inp.have_kv[s:e] = True
+        return res.frozen if capture is not None else start
 
     def _inputs(self, ids: list[int], blocks) -> PrefillInputs:
         """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe)."""

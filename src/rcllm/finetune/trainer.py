@@ -104,7 +104,7 @@ class Trainer:
                                      self.model.arch.max_positions, "verbalizer")
         t = cfg.train
         self.stream = ExampleStream(ds, train_users, t.targets, cfg.prompt.history_window,
-                                    t.candidates, t.seed)
+                                    t.candidates, t.seed, t.negatives == "fixed")
         self.val_cases = validation_cases(ds, val_users, t.val_candidates, t.val_users)
         self._base = base_weights(self.model)  # before any patch: shared by student, teacher
         self.lora = Lora.init(self.model.arch, cfg.lora, t.seed, self.model.dtype,
@@ -124,7 +124,8 @@ class Trainer:
             from ..prompt.pointwise import PointwisePrompt
 
             pw = PointwisePrompt(self.builder, self.model.arch.max_positions)
-            self.scorer = PathScorer(self.model, pw, t.reuse_tail)
+            self.scorer = PathScorer(self.model, pw, t.reuse_tail, cfg.lora.first_layer,
+                                     int(t.frozen_cache_gb * 2**30))
 
     @property
     def total_steps(self) -> int:

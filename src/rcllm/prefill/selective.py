@@ -35,110 +35,10 @@ from typing import Callable, Sequence
 import torch
 
 from ..model.transformer import Transformer
+from .layout import Layout, attend_layout
 from .selection import Probe, SelectionPolicy
 
 MASS_QUERIES = 16  # last queries whose layer-0 attention defines the heavy hitters
-GROUP_SLOTS = 1024  # block attention runs over groups of whole blocks of at most this many slots
-
-
-class Layout:
-    """Positions and visibility of N KV slots.
-
-    Slots [0, shared) form one causal sequence at positions 0..shared-1. Each block (a slot
-    range after the shared part) restarts at position `shared` and sees the shared part plus
-    itself causally. `outputs` are the slots whose hidden states the prefill returns (sorted;
-    default: each block's last slot, or the last slot).
-    """
-
-    def __init__(self, n: int, blocks: Sequence[tuple[int, int]] = (), device=None,
-                 outputs: torch.Tensor | None = None):
-        self.n = n
-        self.blocks = list(blocks)
-        self.shared = self.blocks[0][0] if self.blocks else n
-        pos = torch.arange(n, device=device)
-        block = torch.zeros(n, dtype=torch.long, device=device)
-        prev = self.shared
-        for b, (s, e) in enumerate(self.blocks, start=1):
-            if s != prev or e <= s:
-                raise ValueError("blocks must be consecutive, non-empty and end the layout")
-            pos[s:e] = torch.arange(self.shared, self.shared + e - s, device=device)
-            block[s:e] = b
-            prev = e
-        if prev != n:
-            raise ValueError("blocks must cover the slots after the shared part")
-        self.pos, self.block = pos, block
-        if outputs is None:
-            outputs = (torch.tensor([e - 1 for _, e in self.blocks], device=device)
-                       if self.blocks else torch.tensor([n - 1], device=device))
-        self.outputs = outputs
-        self._groups: list[tuple[int, int]] = []
-        for s, e in self.blocks:  # consecutive whole blocks of <= GROUP_SLOTS slots
-            if self._groups and e - self._groups[-1][0] <= GROUP_SLOTS:
-                self._groups[-1] = (self._groups[-1][0], e)
-            else:
-                self._groups.append((s, e))
-
-    @staticmethod
-    def causal(n: int, device=None) -> "Layout":
-        return Layout(n, (), device)
-
-    @staticmethod
-    def after(shared: int, lengths: Sequence[int], device=None, every_slot: bool = False
-              ) -> "Layout":
-        """A shared part of `shared` slots, then one block per length; outputs: each block's
-        last slot, or with every_slot all block slots."""
-        blocks, at = [], shared
-        for k in lengths:
-            blocks.append((at, at + k))
-            at += k
-        outputs = torch.arange(shared, at, device=device) if every_slot else None
-        return Layout(at, blocks, device, outputs)
-
-    def visible(self, q_slots: torch.Tensor) -> torch.Tensor:
-        """[len(q_slots), N] bool: which slots each query slot attends to."""
-        qp, qb = self.pos[q_slots].unsqueeze(1), self.block[q_slots].unsqueeze(1)
-        return (self.pos.unsqueeze(0) <= qp) & ((self.block.unsqueeze(0) == 0)
-                                                | (self.block.unsqueeze(0) == qb))
-
-    def plan(self, idx: torch.Tensor) -> list[tuple[int, int, int, int, torch.Tensor | None]]:
-        """How queries at slots `idx` (sorted) attend: (query from, to, key slots from, to,
-        mask) per call; mask None = the shared part's causal attention."""
-        out = []
-        cut = int(torch.searchsorted(idx, torch.tensor(self.shared, device=idx.device)))
-        if cut:
-            out.append((0, cut, 0, self.shared, None))
-        for s, e in self._groups:
-            a = int(torch.searchsorted(idx, torch.tensor(s, device=idx.device)))
-            b = int(torch.searchsorted(idx, torch.tensor(e, device=idx.device)))
-            if b > a:
-                q = idx[a:b]
-                keys = torch.cat((torch.arange(self.shared, device=idx.device),
-                                  torch.arange(s, e, device=idx.device)))
-                mask = ((self.pos[keys].unsqueeze(0) <= self.pos[q].unsqueeze(1))
-                        & ((self.block[keys].unsqueeze(0) == 0)
-                           | (self.block[keys].unsqueeze(0) == self.block[q].unsqueeze(1))))
-                out.append((a, b, s, e, mask))
-        return out
-
-
-def attend_layout(model: Transformer, q_rot: torch.Tensor, idx: torch.Tensor,
-                  k_rot: torch.Tensor, v: torch.Tensor, layout: Layout, plan) -> torch.Tensor:
-    """Attention of the queries at slots idx [n] (rotated [H, n, D]) over every slot's rotated
-    keys / values [H_kv, N, D] as the layout allows. Returns [H, n, D]."""
-    if not layout.blocks:
-        return model.attend(q_rot, idx, k_rot, v)
-    gqa = model.arch.num_heads != model.arch.num_kv_heads
-    parts = []
-    for a, b, s, e, mask in plan:
-        if mask is None:
-            parts.append(model.attend(q_rot[:, a:b], idx[a:b], k_rot[:, :e], v[:, :e]))
-            continue
-        keys = torch.cat((k_rot[:, :layout.shared], k_rot[:, s:e]), dim=1)
-        vals = torch.cat((v[:, :layout.shared], v[:, s:e]), dim=1)
-        parts.append(torch.nn.functional.scaled_dot_product_attention(
-            q_rot[:, a:b].unsqueeze(0), keys.unsqueeze(0), vals.unsqueeze(0), attn_mask=mask,
-            enable_gqa=gqa).squeeze(0))
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 @dataclass
@@ -178,6 +78,7 @@ class PrefillResult:
     layer0_ms: float = 0.0             # layer 0 (with the probe and the selection)
     layers_ms: float = 0.0             # layers >= 1 over the selected tokens
     layer_tokens: tuple[int, ...] = ()  # tokens computed at each layer >= 1
+    frozen: "Frozen | None" = None      # prefill(capture=layer): the states entering it
 
     @property
     def hidden_last(self) -> torch.Tensor:
@@ -291,15 +192,40 @@ def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
     return prefill(model, inp, SelectionPolicy(None), grad=grad).hidden_out
 
 
+@dataclass
+class Frozen:
+    """The hidden states [n, d] entering layer `layer` of the slots idx [n] a probe-free
+    prefill computes there. When the layers below never change (fine-tuning from a first layer
+    on), they are a function of the prompt alone: `prefill(..., capture=layer)` records them and
+    `prefill(..., start=frozen)` runs only the layers from `layer` on, over the same inputs,
+    exactly (the KV buffers below `layer` are then neither read nor written)."""
+
+    layer: int
+    idx: torch.Tensor
+    h: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.h.numel() * self.h.element_size() + self.idx.numel() * 8
+
+
 def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
-            grad: bool = False) -> PrefillResult:
+            grad: bool = False, start: Frozen | None = None,
+            capture: int | None = None) -> PrefillResult:
     """Runs the selective prefill; mutates inp.k_buf/v_buf into the prompt's final KV.
 
     grad=True keeps the autograd graph (fine-tuning); k_buf / v_buf may then be per-layer
     lists, so that writing one layer's KV never invalidates a tensor an earlier layer saved.
+    `start` / `capture` (probe-free policies only, layer >= 1): see `Frozen`; the captured
+    states come back in `PrefillResult.frozen`.
     """
+    if (start is not None or capture is not None) and policy.needs_probe:
+        raise ValueError("start/capture need a policy without a probe (its slots never change)")
+    for layer in (start.layer if start is not None else None, capture):
+        if layer is not None and not 1 <= layer < model.arch.num_layers:
+            raise ValueError(f"start/capture layer {layer} is not within 1..num_layers-1")
     with nullcontext() if grad else torch.inference_mode():
-        return _prefill(model, inp, policy)
+        return _prefill(model, inp, policy, start, capture)
 
 
 @dataclass
@@ -358,7 +284,8 @@ def _layer0_and_probe(model: Transformer, inp: PrefillInputs, policy: SelectionP
     return out
 
 
-def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) -> PrefillResult:
+def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
+             start: Frozen | None = None, capture: int | None = None) -> PrefillResult:
     t0 = time.perf_counter()
     n = inp.ids.shape[0]
     if n == 0:
@@ -366,14 +293,23 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
     a, layout = model.arch, inp.layout
     if not bool((~inp.have_kv)[layout.outputs].all()):
         raise ValueError("every output slot must be fresh (it produces a score)")
-    st = _layer0_and_probe(model, inp, policy)
+    if start is None:
+        st = _layer0_and_probe(model, inp, policy)
+        first = 1
+    else:
+        st = _Start(start.idx, start.h, torch.zeros(n, dtype=torch.bool, device=start.h.device),
+                    0.0)
+        st.layer0[start.idx] = True
+        first = start.layer
     idx, h, flops, found = st.idx, st.h, st.flops, st.found
     computed = torch.zeros(n, dtype=torch.bool, device=h.device)
     computed[idx] = True
     plan = layout.plan(idx)
     t1 = time.perf_counter()
-    counts = []
-    for layer in range(1, a.num_layers):
+    counts, frozen = [], None
+    for layer in range(first, a.num_layers):
+        if layer == capture:
+            frozen = Frozen(layer, idx, h.detach())
         if layer > 1 and found is not None:
             keep = policy.layer_set(inp, (layer - 1) / max(1, a.num_layers - 2), idx, found)
             if keep is not None and not bool(keep.all()):
@@ -391,7 +327,7 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy) ->
     return PrefillResult(h[rows], computed, int(st.layer0.sum()), flops,
                          _full_flops(model, layout, inp.head_rows),
                          found.deviation if found else None, mass,
-                         (t1 - t0) * 1e3, (t2 - t1) * 1e3, tuple(counts))
+                         (t1 - t0) * 1e3, (t2 - t1) * 1e3, tuple(counts), frozen)
 
 
 def _qkv_flops(model: Transformer) -> float:

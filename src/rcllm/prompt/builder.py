@@ -71,7 +71,7 @@ class Prompt:
     label_token_ids: tuple[int, ...]  # verbalizer tokens, one per candidate, in candidate order
     truncated_history: int = 0        # entries dropped (older than the window)
     # pointwise: one block of segments per candidate after the shared segments, each seeing
-    # those and itself only (prefill.selective.Layout); empty for the listwise prompt
+    # those and itself only (prefill.layout.Layout); empty for the listwise prompt
     blocks: list[list[Segment]] = field(default_factory=list)
 
     @property

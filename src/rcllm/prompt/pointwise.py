@@ -12,7 +12,7 @@ History chunks use `PromptBuilder.history_chunk` and item chunks `PromptBuilder.
 the ids concatenated, so the user side of a longer history is the user side of the shorter one
 plus the new chunks (an incremental append equals a fresh compute), and an item chunk's ids are
 the same in every block. All blocks start right after the user side and see it and themselves
-only (`prefill.selective.Layout`), so an item chunk's KV can come from the chunk store — built
+only (`prefill.layout.Layout`), so an item chunk's KV can come from the chunk store — built
 after the instruction and the block head, its template context — like in the listwise prompt.
 The fixed text of a block (head + tail) is computed for every candidate of every request, so it
 is kept to a few tokens.
