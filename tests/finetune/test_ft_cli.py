@@ -130,3 +130,20 @@ def test_recipe_refuses_what_its_stages_set(tiny_model_dir, tmp_path, capsys, ex
                "--recipe", "item-tail", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0]
+
+
+def test_bench_finetune_prints_each_variant_against_the_first(tiny_model_dir, tmp_path, capsys):
+    small = [x for x in TINY_TRAIN if x != "lora.first_layer=1"][:-1]  # every option but that
+    out_json = tmp_path / "tp.json"
+    rc = main(["bench", "finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
+               *small, "--variants", "1:0,1:2", "--prompts", "2", "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| 1 thread, LoRA from layer 0 |" in out and "| 1 thread, LoRA from layer 2 |" in out
+    report = json.loads(out_json.read_text())
+    assert report["name"] == "bench_finetune"
+    rows = report["rows"]
+    assert [(r["first_layer"], r["cached"]) for r in rows] == [(0, False), (2, True)]
+    assert all(r["first_per_s"] > 0 and r["again_per_s"] > 0 for r in rows)
+    assert rows[0]["again_per_s"] == rows[0]["first_per_s"]  # nothing to reuse from layer 0
+    assert main(["bench", "finetune", "--variants", "2-20"]) == 2  # refused before loading

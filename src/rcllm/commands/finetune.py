@@ -47,9 +47,7 @@ def _describe() -> list[str]:
     return lines
 
 
-def register(top, bench) -> None:
-    p = top.add_parser("finetune", help="LoRA-tune the model to rank (training users only)",
-                       formatter_class=argparse.RawTextHelpFormatter)
+def _data_options(p) -> None:
     p.add_argument("--data", metavar="PATH",
                    help="dataset path (default: the built-in synthetic workload)")
     p.add_argument("--format", default="amazon2018",
@@ -57,6 +55,12 @@ def register(top, bench) -> None:
                         "synthetic (default amazon2018)")
     p.add_argument("--category", help="category name when --data is an Amazon folder")
     p.add_argument("--config", metavar="FILE", help="YAML file of options (see --set)")
+
+
+def register(top, bench) -> None:
+    p = top.add_parser("finetune", help="LoRA-tune the model to rank (training users only)",
+                       formatter_class=argparse.RawTextHelpFormatter)
+    _data_options(p)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one option (repeatable); options and defaults:\n"
                         + "\n".join(_describe()))
@@ -79,6 +83,46 @@ def register(top, bench) -> None:
                    help="discard a checkpoint or finished adapter in the folder and start over (only the "
                         "files finetune writes; a folder that is not an adapter folder is refused)")
     p.set_defaults(func=run)
+    b = bench.add_parser("finetune", help="training prompts/s per variant (threads, first "
+                                          "adapted layer) on the same prompts, vs the first",
+                         formatter_class=argparse.RawTextHelpFormatter)
+    _data_options(b)
+    b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a finetune option for every variant (see rcllm finetune --help)")
+    b.add_argument("--variants", default="1:0,2:0,2:20", metavar="T:L,...",
+                   help="THREADS:FIRST_LAYER per variant; ratios are against the first "
+                        "(default 1:0,2:0,2:20: one thread adapting every layer, the former "
+                        "default; both cores; both cores from layer 20, the default)")
+    b.add_argument("--prompts", type=int, default=4, help="timed prompts per pass (default 4)")
+    b.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    b.set_defaults(func=run_bench)
+
+
+def run_bench(args) -> int:
+    from ..bench.finetune import Variant, measure, table
+    from ..config import load
+    from ..finetune.config import FinetuneConfig
+    from .common import load_data
+
+    variants = [Variant.parse(v) for v in args.variants.split(",") if v.strip()]
+    if not variants or args.prompts < 1:
+        raise RcllmError("give at least one variant and --prompts >= 1")
+    epochs = load(FinetuneConfig, args.config, args.overrides).train.epochs  # checks --set
+    ds = load_data(args)
+    rows = []
+    for v in variants:
+        rows.append(measure(ds, v, args.prompts, args.overrides, args.config))
+        print(f"{v.label}: {rows[-1]['first_per_s']:.3f} prompts/s first pass, "
+              f"{rows[-1]['again_per_s']:.3f} again", flush=True)
+    lines, summary = table(rows, epochs)
+    print("\n".join(lines))
+    if args.json:
+        from ..report import write_report
+
+        write_report(args.json, "bench_finetune",
+                     {"data": ds.name, "prompts": args.prompts, "epochs": epochs,
+                      "overrides": args.overrides}, rows, summary)
+    return 0
 
 
 def run(args) -> int:
@@ -153,7 +197,8 @@ def _overfit(args, ds) -> int:
     print(f"overfit {args.overfit} prompts of {cfg.train.candidates} candidates, path "
           f"{cfg.train.path}, lr {cfg.train.lr}, {time.perf_counter() - start:.0f} s "
           f"(chance ln C = {math.log(cfg.train.candidates):.3f}):")
-    for r in rows[:: max(1, len(rows) // 20)] + rows[-1:]:
+    shown = rows[:: max(1, len(rows) // 20)]
+    for r in shown + [r for r in rows[-1:] if r is not shown[-1]]:
         print(f"  {r['step']:>4}: " + "  ".join(f"{k} {v:.3f}" for k, v in r.items()
                                                  if k != "step"))
     return 0
