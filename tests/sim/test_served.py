@@ -91,3 +91,21 @@ def test_sim_sweep_cli_writes_the_comparison(tmp_path):
         {**cells[0], "requests": [{"status": 200, "instance": 0}]}]}))
     with pytest.raises(Exception, match="context_tokens"):
         served.load_sweep(str(tmp_path / "old.json"))
+
+
+def test_a_stopped_sweeps_partial_file_is_read(tmp_path):
+    """sweep.partial.json (what a stopped sweep leaves) is accepted; one written before it
+    carried its name and instance count takes the instances its requests name."""
+    reqs = [_request("full", 600, 600, k % 2) for k in range(4)]
+    cell = {"rate_rps": 1.0, "series": "full @ load-only", "method": "full",
+            "policy": "load-only", "arrivals_s": [0.0, 1.0, 2.0, 3.0], "requests": reqs,
+            "ttft_p50_ms": 100.0, "ttft_p99_ms": 200.0, "engine_ttft_p50_ms": 90.0}
+    old = tmp_path / "sweep.partial.json"
+    old.write_text(json.dumps({"capacity_rps": 2.0, "cells": [cell]}))
+    data = served.load_sweep(str(old))
+    profile = served.fit_profile(_fit_records(np.random.default_rng(1)))
+    rows, _ = served.predict_sweep(data, profile)
+    assert len(rows) == 1 and rows[0]["below_capacity"]
+    (tmp_path / "other.json").write_text(json.dumps({"cells": [cell]}))   # not a sweep
+    with pytest.raises(Exception, match="not a"):
+        served.load_sweep(str(tmp_path / "other.json"))

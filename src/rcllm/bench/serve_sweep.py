@@ -257,7 +257,9 @@ def _cells(url: str, backend, series, rates, capacity, trace, args) -> list[dict
                                (value, rel, rate, arrivals)))
             with open(os.path.join(args.out, "sweep.partial.json"), "w",
                       encoding="utf-8") as fh:   # what a stopped sweep leaves
-                json.dump({"capacity_rps": capacity, "cells": cells}, fh, default=str)
+                json.dump({"name": "bench.serve.sweep", "partial": True,
+                           "instances": args.instances, "slo_ms": args.slo_ms,
+                           "capacity_rps": capacity, "cells": cells}, fh, default=str)
     return cells
 
 

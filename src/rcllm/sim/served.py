@@ -44,7 +44,10 @@ def load_sweep(path: str) -> dict[str, Any]:
         raise RcllmError(f"sweep JSON not found: {path}")
     with open(path, encoding="utf-8") as fh:
         data = json.load(fh)
-    if data.get("name") != "bench.serve.sweep" or not data.get("cells"):
+    # a stopped sweep's sweep.partial.json (its cells so far) is accepted too; files written
+    # before it carried the name hold only capacity_rps and cells
+    partial = "name" not in data and "capacity_rps" in data
+    if (data.get("name") != "bench.serve.sweep" and not partial) or not data.get("cells"):
         raise RcllmError(f"{path} is not a `rcllm bench serve --sweep` report with cells")
     for c in data["cells"]:
         for r in c["requests"]:
@@ -105,7 +108,8 @@ def _rel(pred: float, meas: float) -> float:
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
                   overhead_ms: float = 0.0) -> tuple[list[dict], dict]:
     """Rows (one per cell: measured vs predicted P50/P99) and a summary."""
-    k = int(sweep["instances"])
+    k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
+        int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
     capacity = sweep.get("capacity_rps")
     rows, predicted = [], []
     for c in sweep["cells"]:
