@@ -109,3 +109,32 @@ def test_a_stopped_sweeps_partial_file_is_read(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"cells": [cell]}))   # not a sweep
     with pytest.raises(Exception, match="not a"):
         served.load_sweep(str(tmp_path / "other.json"))
+
+
+def test_busy_instances_share_the_machine():
+    """With a busy slowdown F, two instances computing at once each run at 1/F; one alone
+    runs at full speed (so the one left speeds up when the other finishes)."""
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])
+    two = float(predict_ms(profile, "full", np.array([1000]), np.array([1000]))[0])
+    reqs = [_request("full", 500, 500, 0), _request("full", 1000, 1000, 1)]
+    ttft, svc, _ = served.simulate_cell([0, 0], reqs, profile, 2, "affinity", busy_slowdown=2.0)
+    # both at half speed until the short one is done at 2·one, then the long one alone
+    assert ttft == pytest.approx([2 * one, 2 * one + (two - one)])
+    assert svc == pytest.approx([one, two])
+    apart, _, _ = served.simulate_cell([0, 100], reqs, profile, 2, "affinity",
+                                       busy_slowdown=1.0)   # F = 1: independent instances
+    assert apart == pytest.approx([one, two])
+    spaced, _, _ = served.simulate_cell([0, 10], [reqs[0], reqs[0]], profile, 2, "affinity",
+                                        busy_slowdown=3.0)   # never overlapping: no slowdown
+    assert spaced == pytest.approx([one, one])
+
+
+def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
+    alone = [{"user_id": u, "method": "full", "variant": "full", "ttft_ms": 100.0 + u}
+             for u in range(5)]
+    shared = [{**r, "ttft_ms": r["ttft_ms"] * f} for r, f in zip(alone, (1.5, 1.6, 1.7, 9, 1))]
+    f, n = served.busy_slowdown_from(alone, shared)
+    assert (f, n) == (pytest.approx(1.6), 5)
+    with pytest.raises(Exception, match="share no request"):
+        served.busy_slowdown_from(alone, [{**shared[0], "user_id": 99}])

@@ -118,11 +118,26 @@ def _sweep(args) -> int:
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
-    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms)
+    if args.busy_slowdown <= 0:
+        from ..errors import RcllmError
+        raise RcllmError("--busy-slowdown must be > 0")
+    slowdown, pairs = args.busy_slowdown, None
+    if args.busy_from:
+        from ..errors import RcllmError
+        from ..routing.validate import load_bench_requests
+        from ..sim.served import busy_slowdown_from
+
+        paths = args.busy_from.split(",")
+        if len(paths) != 2:
+            raise RcllmError("--busy-from takes ALONE.json,SHARED.json")
+        slowdown, pairs = busy_slowdown_from(*(load_bench_requests(p) for p in paths))
+        print(f"busy slowdown {slowdown:.3f} (median of {pairs} requests, {args.busy_from})")
+    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown)
     write_outputs(sweep, rows, summary, profile, args.out,
                   {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
                    "min_repeats": args.min_repeats, "routing": args.routing,
-                   "overhead_ms": args.overhead_ms})
+                   "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
+                   "busy_slowdown": slowdown, "busy_pairs": pairs})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
@@ -239,6 +254,13 @@ def register(top, bench) -> None:
                          "and round-robin (affinity and hit-only are replayed either way)")
     sw.add_argument("--overhead-ms", type=float, default=0.0,
                     help="HTTP + router time added to every request (default 0)")
+    sw.add_argument("--busy-slowdown", type=float, default=1.0, metavar="F",
+                    help="while two or more instances compute at once each runs at 1/F of its "
+                         "speed alone (default 1: independent instances)")
+    sw.add_argument("--busy-from", metavar="ALONE,SHARED",
+                    help="measure F instead: two bench ttft --json runs of the same requests, "
+                         "one alone, one with a second copy running beside it (the median "
+                         "ratio of their TTFTs); never the sweep")
     sw.add_argument("--out", default="sim-sweep", help="output folder (default sim-sweep)")
     sw.set_defaults(func=_sweep)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")

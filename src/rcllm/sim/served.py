@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,20 @@ def load_sweep(path: str) -> dict[str, Any]:
     return data
 
 
+def busy_slowdown_from(alone: list[dict], shared: list[dict]) -> tuple[float, int]:
+    """F for `simulate_cell` from two `bench ttft` runs of the same requests: one alone on the
+    machine, one while a second engine computed beside it (two copies started together).
+    Median over the requests both measured of shared / alone TTFT, and how many there were."""
+    key = lambda r: (r.get("user_id"), r.get("variant", r["method"]))  # noqa: E731
+    base = {key(r): r["ttft_ms"] for r in alone if "user_id" in r}
+    ratios = [r["ttft_ms"] / base[key(r)] for r in shared
+              if key(r) in base and base[key(r)] > 0]
+    if not ratios:
+        raise RcllmError("--busy-from: the two runs share no request (same --data, "
+                         "--requests and --seed, with and without a second engine beside)")
+    return float(np.median(ratios)), len(ratios)
+
+
 def fit_profile(fit_requests: list[dict]) -> SpeedProfile:
     """The joint profile of a bench ttft run's records (`rcllm sim validate`'s joint fit)."""
     pts = [(int(r["recomputed_tokens"]), int(r["context_tokens"]), float(r["ttft_ms"]))
@@ -74,31 +89,57 @@ def service_ms(profile: SpeedProfile, method: str, computed: float, context: flo
 
 def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
                   instances: int, policy: str, routing: str = "replay",
-                  overhead_ms: float = 0.0) -> tuple[np.ndarray, np.ndarray, bool]:
+                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0
+                  ) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
-    the policy's own decisions were simulated (False: replayed)."""
+    the policy's own decisions were simulated (False: replayed).
+
+    Each instance serves its FIFO queue one request at a time. `busy_slowdown` F: while two or
+    more instances compute at once, each progresses at 1/F of its speed alone (they share the
+    machine's cores and memory bandwidth); F = 1 makes the instances independent."""
     own = routing == "policy" and policy in ("load-only", "round-robin")
-    free_at = np.zeros(instances)            # ms at which each instance's queue empties
-    ttft, svc = [], []
-    k = 0
-    for at_s, r in zip(arrivals_s, requests):
-        if r["status"] != 200:
-            continue
-        at = at_s * 1e3
-        s = service_ms(profile, r.get("method") or "rcllm", r["recomputed_tokens"],
-                       r["context_tokens"], overhead_ms)
-        if not own:
-            dest = int(r["instance"]) % instances
-        elif policy == "round-robin":
-            dest = k % instances
-        else:
-            dest = int(np.argmin(np.maximum(free_at - at, 0.0)))
-        k += 1
-        start = max(at, free_at[dest])
-        free_at[dest] = start + s
-        ttft.append(free_at[dest] - at)
-        svc.append(s)
-    return np.asarray(ttft), np.asarray(svc), own
+    jobs = [(at_s * 1e3, service_ms(profile, r.get("method") or "rcllm",
+                                    r["recomputed_tokens"], r["context_tokens"], overhead_ms),
+             int(r["instance"]) % instances)
+            for at_s, r in zip(arrivals_s, requests) if r["status"] == 200]
+    queues: list[deque] = [deque() for _ in range(instances)]
+    left = [0.0] * instances                 # work left (ms at full speed) of the one served
+    serving: list[int | None] = [None] * instances
+    done = [0.0] * len(jobs)
+    t, nxt = 0.0, 0
+
+    def start(d: int) -> None:
+        if serving[d] is None and queues[d]:
+            serving[d] = queues[d].popleft()
+            left[d] = jobs[serving[d]][1]
+
+    while nxt < len(jobs) or any(j is not None for j in serving):
+        busy = [d for d in range(instances) if serving[d] is not None]
+        speed = 1.0 if len(busy) <= 1 else 1.0 / busy_slowdown
+        t_done = min((t + left[d] / speed for d in busy), default=np.inf)
+        t_next = jobs[nxt][0] if nxt < len(jobs) else np.inf
+        now = min(t_done, t_next)
+        for d in busy:
+            left[d] -= (now - t) * speed
+        t = now
+        for d in busy:
+            if left[d] <= 1e-9:
+                done[serving[d]], serving[d] = t, None
+                start(d)
+        if t_next <= t and nxt < len(jobs):
+            if not own:
+                dest = jobs[nxt][2]
+            elif policy == "round-robin":
+                dest = nxt % instances
+            else:   # least outstanding work: what is left in service plus the queue
+                dest = int(np.argmin([left[d] * (serving[d] is not None)
+                                      + sum(jobs[q][1] for q in queues[d])
+                                      for d in range(instances)]))
+            queues[dest].append(nxt)
+            start(dest)
+            nxt += 1
+    ttft = np.array([done[i] - jobs[i][0] for i in range(len(jobs))])
+    return ttft, np.array([j[1] for j in jobs]), own
 
 
 def _rel(pred: float, meas: float) -> float:
@@ -106,7 +147,8 @@ def _rel(pred: float, meas: float) -> float:
 
 
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
-                  overhead_ms: float = 0.0) -> tuple[list[dict], dict]:
+                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0
+                  ) -> tuple[list[dict], dict]:
     """Rows (one per cell: measured vs predicted P50/P99) and a summary."""
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
         int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
@@ -114,7 +156,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     rows, predicted = [], []
     for c in sweep["cells"]:
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
-                                       routing, overhead_ms)
+                                       routing, overhead_ms, busy_slowdown)
         if not len(ttft):
             continue
         p50, p99 = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))
@@ -145,7 +187,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                    [r["measured_engine_p50_ms"] / r["predicted_service_p50_ms"] for r in rows]))
                if rows else None,
                "target": 0.15, "profile": profile.name, "routing": routing,
-               "overhead_ms": overhead_ms, "predicted": predicted}
+               "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
+               "predicted": predicted}
     return rows, summary
 
 
