@@ -118,12 +118,12 @@ def _sweep(args) -> int:
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
+    from ..errors import RcllmError
+
     if args.busy_slowdown <= 0:
-        from ..errors import RcllmError
         raise RcllmError("--busy-slowdown must be > 0")
     slowdown, pairs = args.busy_slowdown, None
     if args.busy_from:
-        from ..errors import RcllmError
         from ..routing.validate import load_bench_requests
         from ..sim.served import busy_slowdown_from
 

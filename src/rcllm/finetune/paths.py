@@ -50,12 +50,11 @@ class FrozenCache:
     def __init__(self, layer: int, limit: int):
         self.layer, self.limit, self.used = layer, limit, 0
         self.held: dict = {}
-        self.hits = self.misses = 0
+        self.hits = 0
 
     def get(self, key) -> tuple[Frozen, Frozen | None] | None:
         got = self.held.get(key)
         self.hits += got is not None
-        self.misses += got is None
         return got
 
     def put(self, key, main: Frozen, chunk: Frozen | None) -> None:
@@ -87,7 +86,7 @@ class PathScorer:
             # them sorted (one cache entry per candidate set) and hand them back in order
             order = sorted(range(len(candidates)), key=lambda i: candidates[i])
             got = self.score(user_id, history, tuple(candidates[i] for i in order), paths)
-            back = torch.tensor([order.index(i) for i in range(len(order))])
+            back = torch.tensor(order).argsort()   # sorted position of each candidate
             return PathScores({p: v[back] for p, v in got.scores.items()},
                               {p: v[back] for p, v in got.hidden.items()})
         prompt = self.pw.prompt(RankRequest(user_id, history, candidates))

@@ -267,7 +267,6 @@ class Trainer:
         log.info("validation at step %d: %s", self.state.step,
                  ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "step"))
 
-    # ---- overfitting a handful (is the model what blocks us?) ---------------------------------
     def overfit(self, examples: int, steps: int, progress: bool = False) -> list[dict]:
         """The overfit check on this run's path (finetune.overfit)."""
         return run_overfit(self, examples, steps, progress)
