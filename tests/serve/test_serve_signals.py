@@ -147,3 +147,20 @@ def test_bench_serve_stops_redis_and_ray_with_sigterm(tiny_model_dir):
     time.sleep(8)               # instances built, the HTTP server up, the load under way
     assert proc.poll() is None
     _stop_and_check(proc, signal.SIGTERM)
+
+
+def test_a_sigkilled_server_leaves_no_redis_or_ray_process(tiny_model_dir):
+    """SIGKILL cannot be handled: the Redis server goes by its parent-death signal; Ray starts
+    GCS, raylet and workers sharing the driver's fate, and its two agents exit once they see
+    the raylet gone (61 s after the kill, measured with Ray 2.60)."""
+    proc = _serve(tiny_model_dir, "--instances", "2", "--profile", "builtin")
+    before = descendants(proc.pid)
+    assert sum("ray::" in c for _s, c in before.values()) >= 2
+    assert any("valkey" in c or "redis" in c for _s, c in before.values()), before
+    proc.kill()
+    proc.wait(timeout=30)
+    try:
+        left = survivors(before, grace_s=150.0)
+    finally:
+        _kill(before)
+    assert left == [], f"outlived the SIGKILLed server: {left}"
