@@ -109,6 +109,14 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6
     for png in ("ttft_vs_rate_methods.png", "ttft_vs_rate_policies.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert report["targets"]["slo_ms"] == 60000 and "targets at SLO 60000 ms" in table
+    # the same sweep re-read at a 1 ms SLO: no request within it, nothing measured again
+    again = top.parse_args(["serve", "--report", str(out / "sweep.json"), "--slo-ms", "1",
+                            "--out", str(tmp_path / "reread")])
+    assert again.func(again) == 0
+    reread = json.loads((tmp_path / "reread" / "sweep.json").read_text())
+    assert [c["ttft_p50_ms"] for c in reread["cells"]] == [c["ttft_p50_ms"] for c in cells]
+    assert all(c["goodput_rps"] == 0 for c in reread["cells"])
 
 
 def test_the_policy_series_is_named_as_the_plots_read_it():

@@ -326,7 +326,12 @@ def run_sweep(args) -> int:
 
 
 def write_outputs(report: dict, out: str) -> None:
-    """sweep.json, sweep.md and the two PNGs of a sweep report."""
+    """sweep.json, sweep.md and the two PNGs of a sweep report, with the targets' verdict
+    (`serve_targets`) added to the report, written into sweep.md and printed."""
+    from .serve_targets import format_targets, sweep_targets
+
+    report["targets"] = sweep_targets(report["cells"], report["slo_ms"])
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1, default=str)
     rows = [{**c, "per_instance": "/".join(str(v) for v in c["per_instance"].values())}
@@ -334,11 +339,12 @@ def write_outputs(report: dict, out: str) -> None:
     table = markdown_table(rows, TABLE)
     with open(os.path.join(out, "sweep.md"), "w", encoding="utf-8") as fh:
         fh.write(f"# bench serve --sweep: {report['trace']['requests']} requests per cell, "
-                 f"{report['instances']} instances, SLO {report['slo_ms']:g} ms\n\n"
+                 f"{report.get('instances', '?')} instances, SLO {report['slo_ms']:g} ms\n\n"
                  f"TTFT = client latency (queue + HTTP + engine); trace {report['trace']}; "
                  f"capacity {report['capacity_rps']} rps; wall {report['wall_s']:.0f} s\n\n")
-        fh.write(table + "\n")
+        fh.write(table + "\n\n```\n" + format_targets(report["targets"]) + "\n```\n")
     print(table)
+    print(format_targets(report["targets"]))
     plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_methods.png"), method_cell,
                lambda c: c["method"], "TTFT against rate per method (served cluster)")
     plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_policies.png"), policy_cell,

@@ -93,6 +93,10 @@ def _sweep_options(p) -> None:
                    help="TTFT SLO of the goodput (default 5000 ms)")
     g.add_argument("--timeout-s", type=float, default=300.0,
                    help="client timeout per request; a request over it is counted lost")
+    g.add_argument("--report", metavar="SWEEP_JSON",
+                   help="run nothing: re-read a finished or stopped sweep (sweep.json or "
+                        "sweep.partial.json) at --slo-ms and write its table, PNGs and the "
+                        "targets' verdict to --out (bench/serve_targets.py)")
     g.add_argument("--out", default="bench-serve-sweep",
                    help="folder of sweep.json, sweep.md and the PNGs (default bench-serve-sweep)")
 
@@ -138,6 +142,13 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 def run(args) -> int:
     from ..serve import lifecycle
 
+    if getattr(args, "report", None):
+        from ..bench.serve_sweep import write_outputs
+        from ..bench.serve_targets import reread
+
+        write_outputs(reread(args.report, args.slo_ms, args.out), args.out)
+        print(f"re-read {args.report} at SLO {args.slo_ms:g} ms; outputs in {args.out}")
+        return 0
     with lifecycle.stop_signals_exit():   # SIGTERM / SIGHUP: Redis and Ray stopped as on ^C
         if getattr(args, "sweep", False):
             from ..bench.serve_sweep import run_sweep

@@ -1,0 +1,133 @@
+"""The served sweep's headline, read off its cells (issue 30's targets), and a sweep re-read at
+another SLO (`rcllm bench serve --report SWEEP.json --slo-ms S`).
+
+- **Where the baseline still meets the SLO**: the highest swept rate at which prefix answered
+  every request (no 429, none lost) with its P99 TTFT within the SLO. There, each other method
+  series' P99 is compared with prefix's (prefix P99 / its P99: > 1 is lower).
+- **Goodput at the SLO**: a series' goodput is the most requests per second it answered within
+  the SLO over the swept rates (below its capacity goodput follows the rate; above, it is what
+  the series sustains); compared with prefix's the same way.
+- **Routing**: at the two highest rates, rcllm 0.3/0.3's P99 under affinity against hit-only and
+  load-only (each P99 with its bootstrap 90% interval in the cells).
+
+Only the cells decide: nothing here measures, so a sweep stopped early (`sweep.partial.json`)
+or read at another SLO gives the same verdict its requests support.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import RcllmError
+
+BASELINE = "prefix"
+POLICY_SERIES = "rcllm-0.3/0.3"
+P99_TARGET = 1.5
+GOODPUT_TARGET = 1.5
+
+
+def _meets(cell: dict, slo_ms: float) -> bool:
+    return (cell["ok"] > 0 and cell["rejected_429"] == 0 and cell["lost"] == 0
+            and cell["errors_5xx"] == 0 and cell["ttft_p99_ms"] <= slo_ms)
+
+
+def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
+    """The verdict of the module docstring for `cells` (their `goodput_rps` at `slo_ms`)."""
+    own = {}                                    # method series on its own policy: rate → cell
+    for c in cells:
+        if c["method"] != POLICY_SERIES or c["policy"] == "affinity":
+            own.setdefault(c["method"], {})[c["rate_rps"]] = c
+    base = own.get(BASELINE, {})
+    meeting = [r for r, c in base.items() if _meets(c, slo_ms)]
+    at = max(meeting) if meeting else None
+    p99 = {}
+    if at is not None:
+        for name, by_rate in own.items():
+            if name != BASELINE and at in by_rate:
+                p99[name] = base[at]["ttft_p99_ms"] / by_rate[at]["ttft_p99_ms"]
+    goodput = {name: max(c["goodput_rps"] for c in by_rate.values())
+               for name, by_rate in own.items()}
+    g0 = goodput.get(BASELINE, 0.0)
+    ratio = {name: (g / g0 if g0 > 0 else (float("inf") if g > 0 else None))
+             for name, g in goodput.items() if name != BASELINE}
+    policies = []
+    by_policy = {}
+    for c in cells:
+        if c["method"] == POLICY_SERIES:
+            by_policy.setdefault(c["rate_rps"], {})[c["policy"]] = c
+    full_rates = sorted(r for r, ps in by_policy.items()
+                        if {"affinity", "hit-only", "load-only"} <= set(ps))
+    for r in full_rates[-2:]:
+        ps = by_policy[r]
+        policies.append({"rate_rps": r,
+                         "p99_ms": {p: c["ttft_p99_ms"] for p, c in ps.items()},
+                         "p99_ci90": {p: c.get("ttft_p99_ci90") for p, c in ps.items()},
+                         "affinity_lowest": all(ps["affinity"]["ttft_p99_ms"] < ps[p]["ttft_p99_ms"]
+                                                for p in ("hit-only", "load-only"))})
+    return {"slo_ms": slo_ms, "baseline": BASELINE, "baseline_meets_slo_at_rps": at,
+            "p99_lower_than_baseline": p99, "p99_target": P99_TARGET,
+            "goodput_at_slo_rps": goodput, "goodput_vs_baseline": ratio,
+            "goodput_target": GOODPUT_TARGET, "policies_at_top_rates": policies}
+
+
+def format_targets(t: dict) -> str:
+    """The verdict as lines for the terminal and sweep.md."""
+    lines = [f"targets at SLO {t['slo_ms']:g} ms (baseline {t['baseline']}):"]
+    if t["baseline_meets_slo_at_rps"] is None:
+        lines.append(f"  {t['baseline']} meets the SLO (P99, every request answered) at no "
+                     "swept rate: no P99 comparison; raise --slo-ms or add lower rates")
+    else:
+        lines.append(f"  highest rate where {t['baseline']} meets it: "
+                     f"{t['baseline_meets_slo_at_rps']:.3f} rps; P99 x lower there:")
+        for name, r in t["p99_lower_than_baseline"].items():
+            lines.append(f"    {name}: {r:.2f}" + _verdict(name, r, t["p99_target"]))
+    lines.append("  goodput at the SLO (best over the rates, rps) and x the baseline's:")
+    for name, g in t["goodput_at_slo_rps"].items():
+        r = t["goodput_vs_baseline"].get(name)
+        ratio = "" if r is None else f" x{r:.2f}"
+        lines.append(f"    {name}: {g:.3f}{ratio}" + _verdict(name, r, t["goodput_target"]))
+    for p in t["policies_at_top_rates"]:
+        vals = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p["p99_ms"].items()))
+        lines.append(f"  routing at {p['rate_rps']:.3f} rps, P99 ms: {vals}; affinity lowest "
+                     f"of affinity/hit-only/load-only: {'yes' if p['affinity_lowest'] else 'no'}")
+    return "\n".join(lines)
+
+
+def _verdict(name: str, ratio: float | None, target: float) -> str:
+    """The targets judge the reuse methods; full (and the baseline itself) are shown only."""
+    if ratio is None or name in ("full", BASELINE):
+        return ""
+    return f" ({'met' if ratio >= target else 'missed'}, target {target:g})"
+
+
+def reread(path: str, slo_ms: float, out: str) -> dict:
+    """A finished (`sweep.json`) or stopped (`sweep.partial.json`) sweep with every cell's
+    SLO numbers recomputed from its requests at `slo_ms`, written to `out` (never over `path`)."""
+    from .serve_sweep import cell_metrics
+
+    if not os.path.isfile(path):
+        raise RcllmError(f"--report {path!r}: no such file (a sweep.json or sweep.partial.json)")
+    if slo_ms <= 0:
+        raise RcllmError("--slo-ms must be > 0")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            report = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise RcllmError(f"--report {path!r} is not JSON: {exc}") from None
+    if report.get("name", "bench.serve.sweep") != "bench.serve.sweep" or not report.get("cells"):
+        raise RcllmError(f"--report {path!r} is not a sweep with cells (bench serve --sweep)")
+    target = os.path.join(out, "sweep.json")
+    if os.path.exists(target) and os.path.samefile(target, path):
+        raise RcllmError(f"--out {out!r} holds the sweep being read; name another folder")
+    cells = []
+    for c in report["cells"]:
+        if "requests" not in c:
+            raise RcllmError(f"--report {path!r}: a cell has no per-request rows")
+        cells.append({**c, **cell_metrics(c["requests"], c["wall_s"], slo_ms)})
+    n = max(c["sent"] for c in cells)
+    return {**report, "partial": report.get("partial", False), "slo_ms": slo_ms,
+            "reread_from": path, "cells": cells,
+            "trace": report.get("trace", {"requests": n}),
+            "capacity_rps": report.get("capacity_rps"),
+            "wall_s": report.get("wall_s", sum(c["wall_s"] for c in cells))}
