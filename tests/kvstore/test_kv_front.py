@@ -130,12 +130,17 @@ def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
     req = RankRequest(case.user_id, case.history, case.candidates)
     gate = threading.Event()
     compute = engine.compute_chunk
-    engine.compute_chunk = lambda *a, **k: (gate.wait(10), compute(*a, **k))[1]
-    first = engine.rank(req, "naive")            # returns although no build may run yet
-    st = engine.store.stats()
-    assert first.stats["chunk_misses"] > 0 and st["build_queue"] == first.stats["chunk_misses"]
-    assert len(engine.store) == 0
-    gate.set()
+    # builds wait for the gate (set below, or on a failure): no timeout that a slow, shared
+    # machine could outlast while the request is still being answered
+    engine.compute_chunk = lambda *a, **k: (gate.wait(600), compute(*a, **k))[1]
+    try:
+        first = engine.rank(req, "naive")        # returns although no build may run yet
+        st = engine.store.stats()
+        assert first.stats["chunk_misses"] > 0
+        assert st["build_queue"] == first.stats["chunk_misses"]
+        assert len(engine.store) == 0
+    finally:
+        gate.set()
     engine.store.flush()
     st = engine.store.stats()
     assert st["build_built"] == first.stats["chunk_misses"] and st["build_queue"] == 0
