@@ -142,6 +142,8 @@ def _phases(args, backend, url: str, bodies: list[dict], redis):
 def run(args) -> int:
     from ..serve import lifecycle
 
+    if (getattr(args, "report", None) or getattr(args, "sweep", False)) and args.slo_ms <= 0:
+        raise RcllmError("--slo-ms must be > 0")       # before a sweep starts or a file is read
     if getattr(args, "report", None):
         from ..bench.serve_sweep import write_outputs
         from ..bench.serve_targets import reread

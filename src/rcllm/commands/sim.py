@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 
+from ..errors import RcllmError
 from ..report import markdown_table, write_report
 
 EXPERIMENTS = ("cdf", "scaling", "policy", "ratio")
@@ -37,7 +38,6 @@ def _workload(args):
                               num_requests=args.requests, seed=args.seed,
                               candidate_source=args.candidate_source)
     if args.candidate_source != "popularity":
-        from ..errors import RcllmError
         raise RcllmError("--candidate-source retrieval needs a real trace (--data/--format); "
                          "synthetic requests draw candidates from their community")
     return synthetic_workload(SyntheticSpec(num_items=args.items, num_requests=args.requests,
@@ -74,7 +74,6 @@ def _run(args) -> int:
 def _load_runs(paths: str, min_repeats: int) -> list[dict]:
     """bench ttft records of comma-separated repeated runs, merged (the fastest per request
     and variant), kept when measured in at least `min_repeats` runs."""
-    from ..errors import RcllmError
     from ..routing.validate import combine_repeats, load_bench_requests
 
     merged = combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
@@ -118,8 +117,6 @@ def _sweep(args) -> int:
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
-    from ..errors import RcllmError
-
     if args.busy_slowdown <= 0:
         raise RcllmError("--busy-slowdown must be > 0")
     slowdown, pairs = args.busy_slowdown, None
@@ -165,7 +162,6 @@ SIM_TARGET_S, ROUTING_TARGET_US = 30.0, 100.0
 
 
 def _bench(args) -> int:
-    from ..errors import RcllmError
     from ..bench.sim import bench_routing, bench_simulator
     if args.requests < 1 or args.instances < 1:
         raise RcllmError("--requests and --instances must be >= 1")
