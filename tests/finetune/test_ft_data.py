@@ -55,3 +55,31 @@ def test_digest_tracks_content():
 def test_no_usable_example_is_an_error(ds):
     with pytest.raises(RcllmError, match="no training example"):
         ExampleStream(ds, [], "last", 3, 5, seed=0)
+
+
+def test_max_examples_keeps_each_users_latest_targets_round_robin(ds):
+    """A cap keeps every user's last target, then every second-to-last, ...; under the cap
+    nothing changes; the run key names the cut only when it binds."""
+    from rcllm.finetune.config import FinetuneConfig
+    from rcllm.finetune.data import cap_examples
+    from rcllm.finetune.trainer import run_key
+
+    train = split_users(ds)[0]
+    every = build_examples(ds, train, "all", 3)
+    users = {ex.user_id for ex in every}
+    assert cap_examples(every, 0) == every and cap_examples(every, len(every)) == every
+    kept = cap_examples(every, len(users) + 3)
+    assert len(kept) == len(users) + 3
+    where = [every.index(ex) for ex in kept]
+    assert where == sorted(where)                            # original order kept
+    last = {u: ds.users[u][-1].item_id for u in users}
+    for u in users:                                          # each user's last target is in
+        assert any(ex.user_id == u and ex.target == last[u] for ex in kept)
+    second = [ex for ex in kept if ex.target != last[ex.user_id]]
+    assert len(second) == 3 and all(ex.target == ds.users[ex.user_id][-2].item_id
+                                    for ex in second)
+    stream = ExampleStream(ds, train, "all", 3, 5, seed=0, limit=len(users))
+    assert len(stream) == len(users) and stream.available == len(every)
+    cfg = FinetuneConfig()
+    assert run_key("m", "d", cfg) == run_key("m", "d", cfg, None)
+    assert run_key("m", "d", cfg, 100) != run_key("m", "d", cfg, 200) != run_key("m", "d", cfg)

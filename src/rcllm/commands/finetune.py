@@ -146,15 +146,17 @@ def _setup(args, overrides: list[str], ds):
     from ..config import load
     from ..eval.protocol import split_users
     from ..finetune.config import FinetuneConfig
-    from ..finetune.data import dataset_digest
+    from ..finetune.data import dataset_digest, training_stream
     from ..finetune.trainer import run_key
     from ..model.loading import load_model
 
     cfg = load(FinetuneConfig, args.config, overrides)
     train_users, val_users, _ = split_users(ds, cfg.train.fractions, cfg.train.split_seed)
+    stream = training_stream(ds, train_users, cfg)   # before the model loads: counts only
+    capped = len(stream) if len(stream) < stream.available else None
     loaded = load_model(cfg.model)
     return cfg, train_users, val_users, loaded, run_key(loaded.fingerprint,
-                                                         dataset_digest(ds), cfg)
+                                                         dataset_digest(ds), cfg, capped)
 
 
 def _train(args, overrides: list[str], out: str | None, ds) -> Path:
@@ -172,7 +174,10 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
               f"users; adapter folder {folder}")
         start = time.perf_counter()
         trainer = Trainer(loaded, ds, train_users, cfg, folder, key, val_users)
-        print(f"{len(trainer.stream)} training examples, {trainer.total_steps} steps of "
+        st = trainer.stream
+        cut = (f" (of {st.available}: train.max_examples={cfg.train.max_examples} keeps each "
+               "user's latest targets)" if len(st) < st.available else "")
+        print(f"{len(st)} training examples{cut}, {trainer.total_steps} steps of "
               f"{cfg.train.batch} prompts, path {cfg.train.path}, validation on "
               f"{len(trainer.val_cases)} users every {trainer.val_every} steps")
         trainer.run(progress=True)

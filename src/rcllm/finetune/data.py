@@ -71,16 +71,43 @@ def build_examples(ds: Dataset, users: Sequence[UserId], targets: str, history_w
     return out
 
 
+def cap_examples(examples: Sequence[Example], limit: int) -> list[Example]:
+    """At most `limit` examples (0 = all): each user's latest targets first, round-robin over the
+    users (every user's last target, then every user's second-to-last, ...; the last round
+    taken in user order), returned in their original order. The latest targets are the ones
+    nearest the evaluation's (a held-out user's last item)."""
+    if not limit or len(examples) <= limit:
+        return list(examples)
+    rank: dict[int, tuple[int, int]] = {}
+    by_user: dict[UserId, list[int]] = {}
+    for k, ex in enumerate(examples):
+        by_user.setdefault(ex.user_id, []).append(k)
+    for u, (_, ks) in enumerate(sorted(by_user.items())):
+        for back, k in enumerate(reversed(ks)):
+            rank[k] = (back, u)
+    keep = sorted(sorted(rank, key=rank.__getitem__)[:limit])
+    return [examples[k] for k in keep]
+
+
+def training_stream(ds: Dataset, users: Sequence[UserId], cfg) -> "ExampleStream":
+    """The stream a `FinetuneConfig` trains on (its train and prompt options)."""
+    t = cfg.train
+    return ExampleStream(ds, users, t.targets, cfg.prompt.history_window, t.candidates, t.seed,
+                         t.negatives == "fixed", t.max_examples)
+
+
 class ExampleStream:
     """`draw(step)` → the step's Draw (see the module docstring)."""
 
     def __init__(self, ds: Dataset, users: Sequence[UserId], targets: str, history_window: int,
-                 candidates: int, seed: int, fixed: bool = False):
+                 candidates: int, seed: int, fixed: bool = False, limit: int = 0):
         self.negatives = candidates - 1
         self.user_items = {u: {e.item_id for e in ds.users[u]} for u in users}
         # users whose items leave too few negatives in the catalogue are skipped (as in eval)
-        self.examples = [ex for ex in build_examples(ds, users, targets, history_window)
-                         if len(ds.items) - len(self.user_items[ex.user_id]) >= self.negatives]
+        usable = [ex for ex in build_examples(ds, users, targets, history_window)
+                  if len(ds.items) - len(self.user_items[ex.user_id]) >= self.negatives]
+        self.available = len(usable)                    # before train.max_examples
+        self.examples = cap_examples(usable, limit)
         if not self.examples:
             raise RcllmError("no training example: the training users need >= 2 interactions "
                              f"and {self.negatives} catalogue items they never touched")

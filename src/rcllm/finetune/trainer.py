@@ -23,7 +23,7 @@ mean NDCG@10 are kept (never test users), and `train.patience` validations witho
 one stop the run.
 
 Folder: `<cache root>/adapters/<key>/`, key = sha256(base model fingerprint, dataset digest,
-the options that change the weights). It holds `checkpoint/` (factors + AdamW state and the
+the options that change the weights, the example count when `train.max_examples` binds). It holds `checkpoint/` (factors + AdamW state and the
 best factors as safetensors, `state.json` with the step, the curves and the best so far) while
 training and `adapter.safetensors` + `adapter.json` + `curves.json` + `curves.png` when done.
 Running the same command again resumes from the last checkpoint, or returns the finished
@@ -53,7 +53,7 @@ from ..records import Dataset, UserId
 from . import curves
 from .adapter import check_prompt_version, read_adapter, read_manifest, save_adapter, write_atomic
 from .config import FinetuneConfig
-from .data import Draw, ExampleStream, dataset_digest
+from .data import Draw, dataset_digest, training_stream
 from .lora import Lora, LoraPatch, base_weights
 from .optim import AdamW, clip_grad_norm, lr_at
 from .overfit import overfit as run_overfit
@@ -65,9 +65,10 @@ CHECKPOINT = "checkpoint"
 BEST = "best.safetensors"  # in CHECKPOINT: the factors of the best validation so far
 
 
-def run_key(base_fingerprint: str, data_digest: str, cfg: FinetuneConfig) -> str:
-    text = json.dumps({"model": base_fingerprint, "data": data_digest,
-                       "config": cfg.key_fields()}, sort_keys=True)
+def run_key(base_fingerprint: str, data_digest: str, cfg: FinetuneConfig,
+            capped: int | None = None) -> str:  # capped: the count train.max_examples kept
+    fields = {"model": base_fingerprint, "data": data_digest, "config": cfg.key_fields()}
+    text = json.dumps(fields | ({"examples": capped} if capped else {}), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -103,8 +104,7 @@ class Trainer:
         self.builder = PromptBuilder(loaded.tokenizer, ds.items, cfg.prompt,
                                      self.model.arch.max_positions, "verbalizer")
         t = cfg.train
-        self.stream = ExampleStream(ds, train_users, t.targets, cfg.prompt.history_window,
-                                    t.candidates, t.seed, t.negatives == "fixed")
+        self.stream = training_stream(ds, train_users, cfg)
         self.val_cases = validation_cases(ds, val_users, t.val_candidates, t.val_users)
         self._base = base_weights(self.model)  # before any patch: shared by student, teacher
         self.lora = Lora.init(self.model.arch, cfg.lora, t.seed, self.model.dtype,
