@@ -129,26 +129,29 @@ def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
     case = build_cases(ds, history_window=10, num_negatives=4, seed=0, max_cases=1)[0]
     req = RankRequest(case.user_id, case.history, case.candidates)
     gate = threading.Event()
-    compute = engine.compute_chunk
+    compute = engine.chunks.compute     # what a build behind runs (not engine.compute_chunk)
     # builds wait for the gate (set below, or on a failure): no timeout that a slow, shared
     # machine could outlast while the request is still being answered
-    engine.compute_chunk = lambda *a, **k: (gate.wait(600), compute(*a, **k))[1]
+    engine.chunks.compute = lambda *a, **k: (gate.wait(600), compute(*a, **k))[1]
     try:
         first = engine.rank(req, "naive")        # returns although no build may run yet
-        st = engine.store.stats()
-        deadline = time.monotonic() + 60       # builds are queued from a thread: let it finish
-        while st["build_queue"] < first.stats["chunk_misses"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-            st = engine.store.stats()
+        st = engine.store.stats()                # queued (or waiting at the gate), none built
         assert first.stats["chunk_misses"] > 0
         assert st["build_queue"] == first.stats["chunk_misses"]
+        # each queued build is reported with its (computed, context) tokens: the sim prices it
+        jobs = first.stats["behind_tokens"]
+        assert len(jobs) == first.stats["chunk_misses"]
+        assert all(0 < n < ctx for n, ctx in jobs)     # built after the template context
+        repeat = engine.rank(req, "naive")       # misses again: its builds are in flight
+        assert repeat.stats["behind_tokens"] == []
+        assert engine.store.stats()["build_shared"] == len(jobs)
         assert len(engine.store) == 0
     finally:
         gate.set()
     engine.store.flush()
     st = engine.store.stats()
     assert st["build_built"] == first.stats["chunk_misses"] and st["build_queue"] == 0
-    assert st["kind_misses:item"] + st["kind_misses:history"] == first.stats["chunk_misses"]
+    assert st["kind_misses:item"] + st["kind_misses:history"] == 2 * first.stats["chunk_misses"]
     again = engine.rank(req, "naive")
     assert again.stats["chunk_misses"] == 0
     st = engine.store.stats()
@@ -205,6 +208,8 @@ def test_the_exact_user_side_is_built_behind_the_answer(tiny_model_dir):
         miss = engine.rank(req, "naive", user_side="behind")    # answers; the build waits
         assert miss.stats["user_prefix"] == "miss"
         assert engine.user_prefixes.latest(case.user_id) is None
+        [(n, ctx)] = miss.stats["behind_tokens"]              # the exact user side, whole
+        assert n == ctx >= len(case.history)
         assert engine.store.stats()["build_queue"] == 1
         gate.set()
         engine.store.flush()

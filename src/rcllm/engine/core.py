@@ -165,13 +165,15 @@ class Engine:
         if reuse.prefix_insert and reuse.method in ("full", "prefix"):
             upto = shared if prompt.blocks else shared - 1
             self.prefix.insert(prompt.token_ids, inp.k_buf, inp.v_buf, upto)
+        jobs = got.stats.behind_tokens
         for kind, ids in got.misses:
             if reuse.cache_misses:
-                self.chunks.build_behind(kind, ids, reuse)
+                jobs.append(self.chunks.build_behind(kind, ids, reuse))
             else:
                 self.store.count_miss(kind)
         if user is not None:
-            self.user_sides.store(reuse, inp, user, self.store.run_behind)
+            jobs.append(self.user_sides.store(reuse, inp, user, self.store.run_behind))
+        jobs[:] = [list(j) for j in jobs if j is not None]
 
     def prewarm(self, user_id: str, history: Sequence[HistoryEntry]) -> dict:
         """Pre-inference (RelayGR): the user's pointwise user side computed exactly and stored,

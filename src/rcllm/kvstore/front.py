@@ -98,6 +98,8 @@ class StoreFront:
         """Counts the miss and queues `compute()` → put(key) on the builder thread, unless
         `key` is already queued or being built. Never blocks; True when queued."""
         self.count_miss(kind)
+        if self.inner.contains(key):   # built since the request looked it up: nothing to do
+            return False
         return self._enqueue(key, lambda: self.build_now(key, compute))
 
     def run_behind(self, key: str, job: Callable[[], None]) -> bool:

@@ -77,10 +77,15 @@ class ChunkBuilder:
             return False
         return self.store.build_now(key, lambda: self.compute(kind, ids, reuse))
 
-    def build_behind(self, kind: str, ids: Sequence[int], reuse: ReuseConfig) -> None:
-        """A request's miss, after its answer: built behind it on the store (once per key)."""
-        self.store.build_behind(self.key(kind, ids, reuse), kind,
-                                lambda: self.compute(kind, ids, reuse))
+    def build_behind(self, kind: str, ids: Sequence[int], reuse: ReuseConfig
+                     ) -> tuple[int, int] | None:
+        """A request's miss, after its answer: built behind it on the store (once per key).
+        (computed, context) tokens of the build when this call queued (or ran) it, else None."""
+        if not self.store.build_behind(self.key(kind, ids, reuse), kind,
+                                       lambda: self.compute(kind, ids, reuse)):
+            return None
+        ctx = self.context(kind, reuse.chunk_context)
+        return len(ids), len(ids) + (int(ctx[0].shape[-2]) if ctx else 0)
 
     def build(self, kind: str, chunks: Sequence[Sequence[int]], progress: bool = False) -> int:
         """Ensures every chunk of `kind` is stored; returns how many were built."""

@@ -31,7 +31,8 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                    fetched=st.get("fetched_items", 0),
                    user_prefix=st.get("user_prefix", "off"), method=js.get("method"),
                    context_tokens=st.get("tokens", 0),
-                   recomputed_tokens=st.get("recomputed_tokens", 0))
+                   recomputed_tokens=st.get("recomputed_tokens", 0),
+                   behind_tokens=st.get("behind_tokens", []))
     return out
 
 

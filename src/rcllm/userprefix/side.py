@@ -95,11 +95,12 @@ class UserSides:
         return UserSideLookup(key, req.user_id, hhash, len(kept), tokens, entry, base)
 
     def store(self, reuse: ReuseConfig, inp: PrefillInputs, user: UserSideLookup,
-              run_behind: Callable[[str, Callable[[], None]], object]) -> None:
+              run_behind: Callable[[str, Callable[[], None]], object]
+              ) -> tuple[int, int] | None:
         """After the answer: a miss's (or an append's) user side into the cache; a hit stores
-        nothing."""
+        nothing. (computed, context) tokens of the exact build when it was queued behind."""
         if user.entry is not None:
-            return
+            return None
         n, base, cache = user.tokens, user.base, self.cache
         served_exact = (bool((inp.exact_kv[:n] | ~inp.have_kv[:n]).all())
                         and (base is None or base.exact))
@@ -107,7 +108,7 @@ class UserSides:
         if served_exact or reuse.user_side != "behind":
             kv = PrefixKV(inp.k_buf[:, :, :n].clone(), inp.v_buf[:, :, :n].clone())
             self._put(user, appends, kv, served_exact)
-            return
+            return None
         ids = inp.ids[:n].tolist()
 
         def build() -> None:  # under "behind" a base is exact (lookup asks for one)
@@ -118,10 +119,13 @@ class UserSides:
                 kv, count = compute_prefix(self.model, ids), 0
             self._put(user, count, kv, True)
 
-        if reuse.cache_misses:
-            run_behind(f"user-side:{user.key}", build)
-        else:
+        if not reuse.cache_misses:
             build()  # here, off the clock (bench, eval)
+            return None
+        if not run_behind(f"user-side:{user.key}", build):
+            return None
+        done = int(base.stored.k.shape[-2]) if base is not None else 0
+        return n - done, n
 
     def _put(self, user: UserSideLookup, appends: int, kv: PrefixKV, exact: bool) -> None:
         self.cache.put(CachedPrefix(user.key, user.user_id, user.history_hash, user.entries,
