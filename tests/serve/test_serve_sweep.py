@@ -104,6 +104,9 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
     assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")
     assert {c["requests"][0]["status"] for c in cells} <= {200, 429}
+    # each answer's behind work (for the simulator): [computed, context] per queued job
+    assert all(all(0 < n <= ctx for n, ctx in r["behind_tokens"])
+               for c in cells for r in c["requests"] if r["status"] == 200)
     table = (out / "sweep.md").read_text()
     assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
     assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6

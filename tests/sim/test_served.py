@@ -130,6 +130,38 @@ def test_busy_instances_share_the_machine():
     assert spaced == pytest.approx([one, one])
 
 
+def test_work_behind_an_answer_shares_the_cores_with_the_next_request():
+    """A request's behind_tokens run on its instance's builder thread after its answer: with
+    one core the next request shares it until they are done; with two, or with behind work
+    left out (cores None), the next request runs at full speed."""
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])
+    b = served.behind_ms(profile, 200, 200)
+    assert b == pytest.approx(200, rel=0.05)          # compute terms only: no fixed cost
+    first = dict(_request("rcllm", 500, 500, 0), behind_tokens=[[200, 200]])
+    reqs = [first, _request("rcllm", 500, 500, 0)]
+    at = [0, one / 1e3]                               # the second arrives as the first answers
+    shared, _, _ = served.simulate_cell(at, reqs, profile, 1, "affinity", cores=1)
+    # half speed while the build runs (2b), then alone for what is left (one - b)
+    assert shared == pytest.approx([one, one + b], rel=1e-6)
+    for cores in (2, None):
+        alone, _, _ = served.simulate_cell(at, reqs, profile, 1, "affinity", cores=cores)
+        assert alone == pytest.approx([one, one], rel=1e-6)
+    # a sweep without behind_tokens is predicted without behind work, and says so
+    sweep = {"instances": 1, "capacity_rps": 1.0, "cpu_count": 1, "cells": [
+        {"arrivals_s": at, "requests": reqs, "policy": "affinity", "rate_rps": 0.5,
+         "series": "s", "method": "rcllm", "ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0,
+         "engine_ttft_p50_ms": 1.0}]}
+    rows, summary = served.predict_sweep(sweep, profile)
+    assert summary["behind_cores"] == 1
+    assert rows[0]["behind_ms_per_request"] == pytest.approx(b / 2)
+    assert rows[0]["predicted_p99_ms"] > one + 0.9 * b
+    del first["behind_tokens"]
+    rows, summary = served.predict_sweep(sweep, profile)
+    assert summary["behind_cores"] is None and not summary["behind_recorded"]
+    assert rows[0]["behind_ms_per_request"] is None
+
+
 def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
     alone = [{"user_id": u, "method": "full", "variant": "full", "ttft_ms": 100.0 + u}
              for u in range(5)]

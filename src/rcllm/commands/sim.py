@@ -129,12 +129,17 @@ def _sweep(args) -> int:
             raise RcllmError("--busy-from takes ALONE.json,SHARED.json")
         slowdown, pairs = busy_slowdown_from(*(load_bench_requests(p) for p in paths))
         print(f"busy slowdown {slowdown:.3f} (median of {pairs} requests, {args.busy_from})")
-    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown)
+    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
+                                  not args.no_behind)
+    if not summary["behind_recorded"]:
+        print("note: this sweep predates behind_tokens (the work each answer queues behind "
+              "it): predicted without it")
     write_outputs(sweep, rows, summary, profile, args.out,
                   {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
                    "min_repeats": args.min_repeats, "routing": args.routing,
                    "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
-                   "busy_slowdown": slowdown, "busy_pairs": pairs})
+                   "busy_slowdown": slowdown, "busy_pairs": pairs,
+                   "behind": not args.no_behind})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
@@ -257,6 +262,10 @@ def register(top, bench) -> None:
                     help="measure F instead: two bench ttft --json runs of the same requests, "
                          "one alone, one with a second copy running beside it (the median "
                          "ratio of their TTFTs); never the sweep")
+    sw.add_argument("--no-behind", action="store_true",
+                    help="leave out the work each answer queues behind it (chunk builds, the "
+                         "exact user side), which by default runs beside the engines on the "
+                         "sweep machine's cores")
     sw.add_argument("--out", default="sim-sweep", help="output folder (default sim-sweep)")
     sw.set_defaults(func=_sweep)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")

@@ -17,9 +17,14 @@ default 0); TTFT = arrival to the end of service. Routing:
   arrival order mod K; affinity and hit-only need the served caches' contents, which the sweep
   does not record, so they are replayed (the report says which cells were).
 
-What the model leaves out (the comparison shows how much it matters): misses built behind the
-answer on the store's builder thread (CPU beside the next request), the two instances and the
-router contending for 2 shared cores, Redis fetches, and queueing in Ray before the actor.
+Work behind the answers: each request's `behind_tokens` (the chunk builds and the exact user
+side its instance queued after answering, recorded by the engine) run on that instance's builder
+thread, one job at a time, priced as plain forward passes (`behind_ms`); the engines and busy
+builders share the sweep machine's cores (processor sharing). Sweeps recorded before
+`behind_tokens` existed are predicted without it (the summary says so).
+
+What the model leaves out (the comparison shows how much it matters): the router's CPU, Redis
+fetches, and queueing in Ray before the actor.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from ..routing.profiles import SpeedProfile
 
 COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
            "predicted_p50_ms", "p50_rel_err", "measured_p99_ms", "predicted_p99_ms",
-           "p99_rel_err", "measured_engine_p50_ms", "predicted_service_p50_ms")
+           "p99_rel_err", "measured_engine_p50_ms", "predicted_service_p50_ms",
+           "behind_ms_per_request")
 
 
 def load_sweep(path: str) -> dict[str, Any]:
@@ -87,24 +93,40 @@ def service_ms(profile: SpeedProfile, method: str, computed: float, context: flo
                  + overhead_ms)
 
 
+def behind_ms(profile: SpeedProfile, computed: float, context: float) -> float:
+    """A job run behind an answer (a chunk build, the exact user side): a plain forward pass of
+    `computed` tokens over `context`, priced by the profile's compute terms (no per-request
+    fixed cost: no prompt is built and nothing is scored)."""
+    return float(computed * (profile.ms_per_token + profile.ms_per_token_ctx * context))
+
+
 def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
                   instances: int, policy: str, routing: str = "replay",
-                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0
-                  ) -> tuple[np.ndarray, np.ndarray, bool]:
+                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0,
+                  cores: float | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed).
 
     Each instance serves its FIFO queue one request at a time. `busy_slowdown` F: while two or
-    more instances compute at once, each progresses at 1/F of its speed alone (they share the
-    machine's cores and memory bandwidth); F = 1 makes the instances independent."""
+    more threads compute at once, each progresses at 1/F of its speed alone (they share the
+    machine's cores and memory bandwidth); F = 1 makes the instances independent.
+    `cores`: the work a request queued behind its answer (`behind_tokens`: chunk builds, the
+    exact user side) runs on its instance's builder thread, one job at a time, beside the
+    engine; with more busy threads than cores each gets cores/threads of one. None: behind
+    work is left out (the model before it was recorded)."""
     own = routing == "policy" and policy in ("load-only", "round-robin")
     jobs = [(at_s * 1e3, service_ms(profile, r.get("method") or "rcllm",
                                     r["recomputed_tokens"], r["context_tokens"], overhead_ms),
-             int(r["instance"]) % instances)
+             int(r["instance"]) % instances,
+             [behind_ms(profile, n, ctx) for n, ctx in r.get("behind_tokens", [])]
+             if cores else [])
             for at_s, r in zip(arrivals_s, requests) if r["status"] == 200]
     queues: list[deque] = [deque() for _ in range(instances)]
     left = [0.0] * instances                 # work left (ms at full speed) of the one served
     serving: list[int | None] = [None] * instances
+    behind: list[deque] = [deque() for _ in range(instances)]   # each builder's jobs (ms)
+    bleft = [0.0] * instances                # work left of the behind job running, if any
+    building = [False] * instances
     done = [0.0] * len(jobs)
     t, nxt = 0.0, 0
 
@@ -113,19 +135,36 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
             serving[d] = queues[d].popleft()
             left[d] = jobs[serving[d]][1]
 
-    while nxt < len(jobs) or any(j is not None for j in serving):
+    def start_behind(d: int) -> None:
+        if not building[d] and behind[d]:
+            building[d], bleft[d] = True, behind[d].popleft()
+
+    while nxt < len(jobs) or any(j is not None for j in serving) or any(building):
         busy = [d for d in range(instances) if serving[d] is not None]
-        speed = 1.0 if len(busy) <= 1 else 1.0 / busy_slowdown
-        t_done = min((t + left[d] / speed for d in busy), default=np.inf)
+        builders = [d for d in range(instances) if building[d]]
+        threads = len(busy) + len(builders)
+        speed = ((1.0 if threads <= 1 else 1.0 / busy_slowdown)
+                 * (min(1.0, cores / threads) if cores and threads else 1.0))
+        t_done = min([t + left[d] / speed for d in busy]
+                     + [t + bleft[d] / speed for d in builders], default=np.inf)
         t_next = jobs[nxt][0] if nxt < len(jobs) else np.inf
         now = min(t_done, t_next)
         for d in busy:
             left[d] -= (now - t) * speed
+        for d in builders:
+            bleft[d] -= (now - t) * speed
         t = now
+        for d in builders:
+            if bleft[d] <= 1e-9:
+                building[d] = False
+                start_behind(d)
         for d in busy:
             if left[d] <= 1e-9:
-                done[serving[d]], serving[d] = t, None
+                done[serving[d]] = t
+                behind[d].extend(jobs[serving[d]][3])
+                serving[d] = None
                 start(d)
+                start_behind(d)
         if t_next <= t and nxt < len(jobs):
             if not own:
                 dest = jobs[nxt][2]
@@ -147,16 +186,23 @@ def _rel(pred: float, meas: float) -> float:
 
 
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
-                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0
-                  ) -> tuple[list[dict], dict]:
-    """Rows (one per cell: measured vs predicted P50/P99) and a summary."""
+                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0,
+                  behind: bool = True) -> tuple[list[dict], dict]:
+    """Rows (one per cell: measured vs predicted P50/P99) and a summary. `behind`: model the
+    work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
+    where the sweep recorded it."""
+    recorded = any("behind_tokens" in r for c in sweep["cells"] for r in c["requests"])
+    cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
         int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
     capacity = sweep.get("capacity_rps")
     rows, predicted = [], []
     for c in sweep["cells"]:
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
-                                       routing, overhead_ms, busy_slowdown)
+                                       routing, overhead_ms, busy_slowdown, cores)
+        ok = [r for r in c["requests"] if r["status"] == 200]
+        work = [sum(behind_ms(profile, n, ctx) for n, ctx in r.get("behind_tokens", []))
+                for r in ok]
         if not len(ttft):
             continue
         p50, p99 = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))
@@ -169,7 +215,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                      "measured_p99_ms": c["ttft_p99_ms"], "predicted_p99_ms": p99,
                      "p99_rel_err": _rel(p99, c["ttft_p99_ms"]),
                      "measured_engine_p50_ms": c["engine_ttft_p50_ms"],
-                     "predicted_service_p50_ms": float(np.percentile(svc, 50))})
+                     "predicted_service_p50_ms": float(np.percentile(svc, 50)),
+                     "behind_ms_per_request": float(np.mean(work)) if recorded else None})
         predicted.append({"rate_rps": c["rate_rps"], "method": c["method"],
                           "policy": c["policy"], "ttft_p50_ms": p50, "ttft_p99_ms": p99})
     below = [r for r in rows if r["below_capacity"]]
@@ -188,6 +235,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                if rows else None,
                "target": 0.15, "profile": profile.name, "routing": routing,
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
+               # None: behind work left out (off, or a sweep recorded before behind_tokens)
+               "behind_cores": cores, "behind_recorded": recorded,
                "predicted": predicted}
     return rows, summary
 
