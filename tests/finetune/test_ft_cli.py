@@ -12,7 +12,7 @@ TINY_TRAIN = ["--set", "train.steps=3", "--set", "train.batch=2", "--set", "trai
               "--set", "train.val_users=3", "--set", "train.val_candidates=5", "--set",
               "prompt.history_window=2", "--set", "prompt.max_item_tokens=8", "--set",
               "prompt.max_review_tokens=8", "--set", "lora.rank=2", "--set",
-              "lora.first_layer=1"]
+              "train.max_examples=5", "--set", "lora.first_layer=1"]
 
 
 def _model(tiny_model_dir, tmp_path):
@@ -28,6 +28,7 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     assert len(folders) == 1 and (folders[0] / "adapter.json").exists()
     # the curves are printed, and saved next to the adapter with the chance line
     assert "validation (chance ln C = 1.609" in out and "prompts/s" in out
+    assert "5 training examples (of " in out and "train.max_examples=5 keeps" in out
     assert (folders[0] / "curves.json").exists() and (folders[0] / "curves.png").exists()
     curves = json.loads((folders[0] / "curves.json").read_text())
     assert [r["step"] for r in curves["validation"]] == [0, 3]
@@ -62,6 +63,7 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     (["--set", "lora.targets=q,z"], "lora.targets"),
     (["--set", "train.targets=first"], "train.targets"),
     (["--set", "train.split=0.5,0.5"], "train.split"),
+    (["--set", "train.max_examples=-1"], "max_examples"),
     (["--set", "lora.first_layer=99"], "first_layer"),
     (["--set", "model.adapter=/x"], "stacking adapters"),
 ])
