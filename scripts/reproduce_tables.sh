@@ -109,6 +109,9 @@ stage_sim_sweep() {
       --out replay
   rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
       --routing policy --out policy
+  # the same without the work behind the answers: how much of the prediction it carries
+  rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+      --no-behind --out replay-no-behind
 }
 
 for s in "${STAGES[@]}"; do
