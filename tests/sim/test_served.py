@@ -167,6 +167,19 @@ def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
              for u in range(5)]
     shared = [{**r, "ttft_ms": r["ttft_ms"] * f} for r, f in zip(alone, (1.5, 1.6, 1.7, 9, 1))]
     f, n = served.busy_slowdown_from(alone, shared)
-    assert (f, n) == (pytest.approx(1.6), 5)
+    assert (f, n) == ({"full": pytest.approx(1.6), "*": pytest.approx(1.6)}, 5)
+    # per engine method: a method slowed more is priced so; an unmeasured one gets "*"
+    rcllm = [{**r, "method": "rcllm", "variant": "rcllm 0.3/0.3"} for r in alone]
+    f, n = served.busy_slowdown_from(alone + rcllm, shared + [
+        {**r, "ttft_ms": r["ttft_ms"] * 2.0} for r in rcllm])
+    assert n == 10 and f["rcllm"] == pytest.approx(2.0) and f["full"] == pytest.approx(1.6)
+    assert served.slowdown_of(f, "naive") == f["*"] and served.slowdown_of(1.3, "full") == 1.3
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    reqs = [_request("full", 500, 500, 0), _request("rcllm", 500, 150, 1)]
+    one = served.service_ms(profile, "full", 500, 500)
+    fast = served.service_ms(profile, "rcllm", 150, 500)   # done at 2·fast < one
+    ttft, _, _ = served.simulate_cell([0, 0], reqs, profile, 2, "affinity",
+                                      busy_slowdown={"full": 1.0, "rcllm": 2.0})
+    assert ttft[1] == pytest.approx(2 * fast) and ttft[0] == pytest.approx(one)
     with pytest.raises(Exception, match="share no request"):
         served.busy_slowdown_from(alone, [{**shared[0], "user_id": 99}])

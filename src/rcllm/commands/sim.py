@@ -128,7 +128,8 @@ def _sweep(args) -> int:
         if len(paths) != 2:
             raise RcllmError("--busy-from takes ALONE.json,SHARED.json")
         slowdown, pairs = busy_slowdown_from(*(load_bench_requests(p) for p in paths))
-        print(f"busy slowdown {slowdown:.3f} (median of {pairs} requests, {args.busy_from})")
+        print(f"busy slowdown per method (median over {pairs} requests, {args.busy_from}): "
+              + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
     rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
                                   not args.no_behind)
     if not summary["behind_recorded"]:
@@ -259,9 +260,9 @@ def register(top, bench) -> None:
                     help="while two or more instances compute at once each runs at 1/F of its "
                          "speed alone (default 1: independent instances)")
     sw.add_argument("--busy-from", metavar="ALONE,SHARED",
-                    help="measure F instead: two bench ttft --json runs of the same requests, "
-                         "one alone, one with a second copy running beside it (the median "
-                         "ratio of their TTFTs); never the sweep")
+                    help="measure F instead, per engine method: two bench ttft --json runs "
+                         "of the same requests, one alone, one with a second copy running "
+                         "beside it (the median ratio of their TTFTs); never the sweep")
     sw.add_argument("--no-behind", action="store_true",
                     help="leave out the work each answer queues behind it (chunk builds, the "
                          "exact user side), which by default runs beside the engines on the "

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -64,18 +64,35 @@ def load_sweep(path: str) -> dict[str, Any]:
     return data
 
 
-def busy_slowdown_from(alone: list[dict], shared: list[dict]) -> tuple[float, int]:
+def busy_slowdown_from(alone: list[dict], shared: list[dict]
+                       ) -> tuple[dict[str, float], int]:
     """F for `simulate_cell` from two `bench ttft` runs of the same requests: one alone on the
     machine, one while a second engine computed beside it (two copies started together).
-    Median over the requests both measured of shared / alone TTFT, and how many there were."""
+    Per engine method (`method`: full, prefix, naive, epic, cacheblend, rcllm) the median over
+    the requests both measured of shared / alone TTFT, and under "*" the median over all of
+    them (what methods the runs did not measure get); and how many requests there were. The
+    methods differ: a reuse method gathers and attends over stored KV and slows more when
+    another engine shares the memory bus than a compute-bound full prefill does."""
     key = lambda r: (r.get("user_id"), r.get("variant", r["method"]))  # noqa: E731
     base = {key(r): r["ttft_ms"] for r in alone if "user_id" in r}
-    ratios = [r["ttft_ms"] / base[key(r)] for r in shared
-              if key(r) in base and base[key(r)] > 0]
-    if not ratios:
+    ratios: dict[str, list[float]] = {}
+    for r in shared:
+        if key(r) in base and base[key(r)] > 0:
+            ratios.setdefault(r["method"], []).append(r["ttft_ms"] / base[key(r)])
+    every = [x for v in ratios.values() for x in v]
+    if not every:
         raise RcllmError("--busy-from: the two runs share no request (same --data, "
                          "--requests and --seed, with and without a second engine beside)")
-    return float(np.median(ratios)), len(ratios)
+    out = {m: float(np.median(v)) for m, v in sorted(ratios.items())}
+    out["*"] = float(np.median(every))
+    return out, len(every)
+
+
+def slowdown_of(busy_slowdown: float | Mapping[str, float], method: str) -> float:
+    """A method's F: one number for every method, or per method with "*" for the rest."""
+    if isinstance(busy_slowdown, Mapping):
+        return float(busy_slowdown.get(method, busy_slowdown.get("*", 1.0)))
+    return float(busy_slowdown)
 
 
 def fit_profile(fit_requests: list[dict]) -> SpeedProfile:
@@ -102,14 +119,16 @@ def behind_ms(profile: SpeedProfile, computed: float, context: float) -> float:
 
 def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
                   instances: int, policy: str, routing: str = "replay",
-                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0,
+                  overhead_ms: float = 0.0,
+                  busy_slowdown: float | Mapping[str, float] = 1.0,
                   cores: float | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed).
 
     Each instance serves its FIFO queue one request at a time. `busy_slowdown` F: while two or
     more threads compute at once, each progresses at 1/F of its speed alone (they share the
-    machine's cores and memory bandwidth); F = 1 makes the instances independent.
+    machine's cores and memory bandwidth); F = 1 makes the instances independent. F may be
+    per engine method (`slowdown_of`); behind work slows by the "*" value.
     `cores`: the work a request queued behind its answer (`behind_tokens`: chunk builds, the
     exact user side) runs on its instance's builder thread, one job at a time, beside the
     engine; with more busy threads than cores each gets cores/threads of one. None: behind
@@ -119,8 +138,10 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
                                     r["recomputed_tokens"], r["context_tokens"], overhead_ms),
              int(r["instance"]) % instances,
              [behind_ms(profile, n, ctx) for n, ctx in r.get("behind_tokens", [])]
-             if cores else [])
+             if cores else [],
+             slowdown_of(busy_slowdown, r.get("method") or "rcllm"))
             for at_s, r in zip(arrivals_s, requests) if r["status"] == 200]
+    f_behind = slowdown_of(busy_slowdown, "*")
     queues: list[deque] = [deque() for _ in range(instances)]
     left = [0.0] * instances                 # work left (ms at full speed) of the one served
     serving: list[int | None] = [None] * instances
@@ -143,16 +164,20 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
         busy = [d for d in range(instances) if serving[d] is not None]
         builders = [d for d in range(instances) if building[d]]
         threads = len(busy) + len(builders)
-        speed = ((1.0 if threads <= 1 else 1.0 / busy_slowdown)
-                 * (min(1.0, cores / threads) if cores and threads else 1.0))
-        t_done = min([t + left[d] / speed for d in busy]
-                     + [t + bleft[d] / speed for d in builders], default=np.inf)
+        share = min(1.0, cores / threads) if cores and threads else 1.0
+
+        def speed(f: float) -> float:
+            return (1.0 if threads <= 1 else 1.0 / f) * share
+
+        run = {d: speed(jobs[serving[d]][4]) for d in busy}
+        t_done = min([t + left[d] / run[d] for d in busy]
+                     + [t + bleft[d] / speed(f_behind) for d in builders], default=np.inf)
         t_next = jobs[nxt][0] if nxt < len(jobs) else np.inf
         now = min(t_done, t_next)
         for d in busy:
-            left[d] -= (now - t) * speed
+            left[d] -= (now - t) * run[d]
         for d in builders:
-            bleft[d] -= (now - t) * speed
+            bleft[d] -= (now - t) * speed(f_behind)
         t = now
         for d in builders:
             if bleft[d] <= 1e-9:
@@ -186,7 +211,7 @@ def _rel(pred: float, meas: float) -> float:
 
 
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
-                  overhead_ms: float = 0.0, busy_slowdown: float = 1.0,
+                  overhead_ms: float = 0.0, busy_slowdown: float | Mapping[str, float] = 1.0,
                   behind: bool = True) -> tuple[list[dict], dict]:
     """Rows (one per cell: measured vs predicted P50/P99) and a summary. `behind`: model the
     work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
