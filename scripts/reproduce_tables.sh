@@ -26,6 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/rcllm-tables}; shift || true
 PY=${PY:-python3}
+[[ "$PY" == */* ]] && PY=$(realpath "$PY")   # a relative path still works from a stage's folder
 ROOT=$PWD
 DATA=$(realpath "${DATA:-../shared/data/amazon2018}")
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
@@ -79,6 +80,13 @@ stage_sim_validate() {
       --bench-json mag.json,mag2.json,mag3.json --min-repeats 3 --json g2m.json
   rcllm sim validate --fit-json mag.json --bench-json gift.json --json m2g_one.json
   rcllm sim validate --fit-json gift.json --bench-json mag.json --json g2m_one.json
+  # the recorded files of tests/routing/data (copy them there to re-record)
+  "$PY" "$ROOT/scripts/merge_bench_runs.py" ttft_magazine_cpu.json mag.json mag2.json mag3.json \
+      --recorded-with "rcllm bench ttft --data amazon2018 --category Magazine_Subscriptions --requests 10|6|6 --set model.threads=1" \
+      --machine "2 cores, nothing else running"
+  "$PY" "$ROOT/scripts/merge_bench_runs.py" ttft_giftcards_cpu.json gift.json gift2.json gift3.json \
+      --recorded-with "rcllm bench ttft --data amazon2018 --category Gift_Cards --new-reviews 1 --requests 10|6|6 --set model.threads=1" \
+      --machine "2 cores, nothing else running"
 }
 stage_serve_scaling() {
   "$PY" "$ROOT/scripts/make_tiny_model.py" "$PWD/tiny"
@@ -112,6 +120,14 @@ stage_sim_sweep() {
   # the same without the work behind the answers: how much of the prediction it carries
   rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
       --no-behind --out replay-no-behind
+  # the busy slowdown per method: the same bench ttft twice at once, against the run alone
+  for k in a b; do
+    rcllm bench ttft "${MAG[@]}" --scorer pointwise ${ADAPTER:+--adapter "$ADAPTER"} \
+        --requests 6 --seed 1 --set model.threads=1 --json "ttft_shared_$k.json" &
+  done
+  wait
+  rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+      --busy-from ttft_fit.json,ttft_shared_a.json --out replay-busy
 }
 
 for s in "${STAGES[@]}"; do
