@@ -152,8 +152,7 @@ def _setup(args, overrides: list[str], ds):
 
     cfg = load(FinetuneConfig, args.config, overrides)
     train_users, val_users, _ = split_users(ds, cfg.train.fractions, cfg.train.split_seed)
-    stream = training_stream(ds, train_users, cfg)   # before the model loads: counts only
-    capped = len(stream) if len(stream) < stream.available else None
+    capped = training_stream(ds, train_users, cfg).capped   # before the model loads
     loaded = load_model(cfg.model)
     return cfg, train_users, val_users, loaded, run_key(loaded.fingerprint,
                                                          dataset_digest(ds), cfg, capped)
@@ -176,7 +175,7 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
         trainer = Trainer(loaded, ds, train_users, cfg, folder, key, val_users)
         st = trainer.stream
         cut = (f" (of {st.available}: train.max_examples={cfg.train.max_examples} keeps each "
-               "user's latest targets)" if len(st) < st.available else "")
+               "user's latest targets)" if st.capped else "")
         print(f"{len(st)} training examples{cut}, {trainer.total_steps} steps of "
               f"{cfg.train.batch} prompts, path {cfg.train.path}, validation on "
               f"{len(trainer.val_cases)} users every {trainer.val_every} steps")

@@ -124,6 +124,11 @@ class ExampleStream:
     def __len__(self) -> int:
         return len(self.examples)
 
+    @property
+    def capped(self) -> int | None:
+        """The example count when `limit` cut the usable examples, else None."""
+        return len(self) if len(self) < self.available else None
+
     def draw(self, step: int) -> Draw:
         n = len(self.examples)
         epoch, offset = divmod(step, n)
