@@ -117,6 +117,33 @@ def test_stats_record_what_each_layer_recomputed(tiny_loaded, workload):
     assert deep["mean_recomputed_fraction"] < deep["recomputed_fraction"]
 
 
+def test_stats_split_the_ttft_and_count_only_cpu_the_request_used(tiny_loaded, workload,
+                                                                   monkeypatch):
+    """build + assemble + prefill is the TTFT; thread_cpu_ms is the CPU the request's thread
+    used, so time it spent off the CPU (here a 0.2 s sleep inside the prefill, as when it
+    waits for a core) is in prefill_ms and not in thread_cpu_ms."""
+    import time
+
+    import rcllm.engine.core as core
+
+    ds, cases = workload
+    eng = _engine(tiny_loaded, ds)
+    case = cases[1]
+    _prime(eng, case)
+    real = core.prefill
+
+    def slow(*args, **kw):
+        time.sleep(0.2)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(core, "prefill", slow)
+    res = eng.rank(_req(case), "rcllm")
+    s = res.stats
+    assert s["build_ms"] + s["assemble_ms"] + s["prefill_ms"] == pytest.approx(res.ttft_ms)
+    assert s["prefill_ms"] >= 200
+    assert 0 < s["thread_cpu_ms"] <= res.ttft_ms - 150
+
+
 def test_cache_keys_change_with_fingerprint(tiny_loaded, workload):
     ds, _ = workload
     eng = _engine(tiny_loaded, ds)

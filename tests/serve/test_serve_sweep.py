@@ -101,12 +101,17 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         assert c["ttft_p50_ms"] <= c["ttft_p90_ms"] <= c["ttft_p99_ms"]
         assert c["goodput_rps"] > 0 and c["slo_attainment"] == c["ok"] / 6
         assert len(c["loadavg_1m"]) == 2
+        assert 0 < c["engine_cpu_p50_ms"] <= c["engine_ttft_p99_ms"]
     assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
     assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")
     assert {c["requests"][0]["status"] for c in cells} <= {200, 429}
     # each answer's behind work (for the simulator): [computed, context] per queued job
     assert all(all(0 < n <= ctx for n, ctx in r["behind_tokens"])
                for c in cells for r in c["requests"] if r["status"] == 200)
+    # where each answer's time went, and the CPU its engine thread used (one thread each)
+    for r in (r for c in cells for r in c["requests"] if r["status"] == 200):
+        parts = r["build_ms"] + r["assemble_ms"] + r["prefill_ms"]
+        assert parts == pytest.approx(r["ttft_ms"]) and 0 < r["thread_cpu_ms"] <= r["ttft_ms"]
     table = (out / "sweep.md").read_text()
     assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
     assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6

@@ -62,6 +62,9 @@ def test_sim_sweep_cli_writes_the_comparison(tmp_path):
     for rate in (1.0, 50.0):
         arrivals = (np.arange(6) / rate).tolist()
         reqs = [_request("rcllm", 600, 180, k % 2) for k in range(6)]
+        if rate == 1.0:   # the engine thread's CPU, recorded by sweeps since it existed
+            for k, r in enumerate(reqs):
+                r["thread_cpu_ms"] = 100.0 + k
         lat = served.simulate_cell(arrivals, reqs, served.fit_profile(_fit_records(
             np.random.default_rng(1))), 2, "affinity")[0] * 1.1     # measured 10% slower
         cells.append({"rate_rps": rate, "series": "rcllm-0.3/0.3 @ affinity",
@@ -85,6 +88,9 @@ def test_sim_sweep_cli_writes_the_comparison(tmp_path):
     for r in rows:
         assert r["p50_rel_err"] == pytest.approx(1 - 1 / 1.1, abs=1e-6)
     assert report["summary"]["within_15pct_below_capacity"] == 1
+    assert [r["measured_engine_cpu_p50_ms"] for r in rows] == [102.5, None]
+    assert report["summary"]["median_engine_cpu_over_predicted_service"] == pytest.approx(
+        102.5 / rows[0]["predicted_service_p50_ms"])
     assert (out / "sim_sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert "rcllm-0.3/0.3 @ affinity" in (out / "sim_sweep.md").read_text()
     (tmp_path / "old.json").write_text(json.dumps({"name": "bench.serve.sweep", "cells": [

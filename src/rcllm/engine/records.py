@@ -48,6 +48,9 @@ class RankStats(Mapping):
     build_ms: float = 0.0            # prompt build + tokenise
     assemble_ms: float = 0.0         # cache look-ups + KV gather
     prefill_ms: float = 0.0          # prefill + first-token scoring
+    # CPU time of the thread that ran the request, up to the first token: with model.threads=1
+    # every op runs on it, so thread_cpu_ms below the TTFT is time it waited for a core
+    thread_cpu_ms: float = 0.0
 
     def add_prefill(self, res, kinds: torch.Tensor) -> None:
         """The recompute and FLOP fields from the prefill's result (`PrefillResult`); `kinds`

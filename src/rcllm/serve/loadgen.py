@@ -32,7 +32,9 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                    user_prefix=st.get("user_prefix", "off"), method=js.get("method"),
                    context_tokens=st.get("tokens", 0),
                    recomputed_tokens=st.get("recomputed_tokens", 0),
-                   behind_tokens=st.get("behind_tokens", []))
+                   behind_tokens=st.get("behind_tokens", []),
+                   **{k: st[k] for k in ("build_ms", "assemble_ms", "prefill_ms",
+                                         "thread_cpu_ms") if k in st})
     return out
 
 

@@ -42,8 +42,8 @@ from ..routing.profiles import SpeedProfile
 
 COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
            "predicted_p50_ms", "p50_rel_err", "measured_p99_ms", "predicted_p99_ms",
-           "p99_rel_err", "measured_engine_p50_ms", "predicted_service_p50_ms",
-           "behind_ms_per_request")
+           "p99_rel_err", "measured_engine_p50_ms", "measured_engine_cpu_p50_ms",
+           "predicted_service_p50_ms", "behind_ms_per_request")
 
 
 def load_sweep(path: str) -> dict[str, Any]:
@@ -230,6 +230,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                 for r in ok]
         if not len(ttft):
             continue
+        cpu = [r["thread_cpu_ms"] for r in ok if "thread_cpu_ms" in r]  # sweeps since 2026-12-03
         p50, p99 = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))
         below = capacity is None or c["rate_rps"] < capacity
         rows.append({"rate_rps": c["rate_rps"], "series": c["series"], "method": c["method"],
@@ -240,6 +241,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                      "measured_p99_ms": c["ttft_p99_ms"], "predicted_p99_ms": p99,
                      "p99_rel_err": _rel(p99, c["ttft_p99_ms"]),
                      "measured_engine_p50_ms": c["engine_ttft_p50_ms"],
+                     # the CPU the engine thread used: below the engine time = waiting for a core
+                     "measured_engine_cpu_p50_ms": float(np.median(cpu)) if cpu else None,
                      "predicted_service_p50_ms": float(np.percentile(svc, 50)),
                      "behind_ms_per_request": float(np.mean(work)) if recorded else None})
         predicted.append({"rate_rps": c["rate_rps"], "method": c["method"],
@@ -258,6 +261,10 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                "median_engine_over_predicted_service": float(np.median(
                    [r["measured_engine_p50_ms"] / r["predicted_service_p50_ms"] for r in rows]))
                if rows else None,
+               "median_engine_cpu_over_predicted_service": float(np.median(
+                   [r["measured_engine_cpu_p50_ms"] / r["predicted_service_p50_ms"] for r in rows
+                    if r["measured_engine_cpu_p50_ms"] is not None]))
+               if any(r["measured_engine_cpu_p50_ms"] is not None for r in rows) else None,
                "target": 0.15, "profile": profile.name, "routing": routing,
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
