@@ -67,13 +67,15 @@ stage_shapes_tiny() {
       --json shapes_tiny.json
 }
 stage_sim_validate() {
+  # the categories' runs alternate, so a drift of the machine's speed hits both alike
   rcllm bench ttft "${MAG[@]}" --requests 10 --set model.threads=1 --json mag.json
-  for k in 2 3; do rcllm bench ttft "${MAG[@]}" --requests 6 --set model.threads=1 \
-      --json mag$k.json; done
   rcllm bench ttft "${GIFT[@]}" --new-reviews 1 --requests 10 --set model.threads=1 \
       --json gift.json
-  for k in 2 3; do rcllm bench ttft "${GIFT[@]}" --new-reviews 1 --requests 6 \
-      --set model.threads=1 --json gift$k.json; done
+  for k in 2 3; do
+    rcllm bench ttft "${MAG[@]}" --requests 6 --set model.threads=1 --json mag$k.json
+    rcllm bench ttft "${GIFT[@]}" --new-reviews 1 --requests 6 --set model.threads=1 \
+        --json gift$k.json
+  done
   rcllm sim validate --fit-json mag.json,mag2.json,mag3.json \
       --bench-json gift.json,gift2.json,gift3.json --min-repeats 3 --json m2g.json
   rcllm sim validate --fit-json gift.json,gift2.json,gift3.json \

@@ -52,6 +52,9 @@ def test_bench_ttft_report_contract(tiny_model_dir, tmp_path, capsys):
     full = next(r for r in report["rows"] if r["method"] == "full")
     assert full["speedup_vs_full"] == 1.0 and full["recomputed_fraction"] == 1.0
     assert len(report["summary"]["requests"]) == 2 * len(report["rows"])
+    # per request, the wall time and the CPU of the thread that ran it (the simulator's fits)
+    assert all(0 < r["thread_cpu_ms"] and r["build_ms"] + r["assemble_ms"] < r["ttft_ms"]
+               for r in report["summary"]["requests"])
     out = capsys.readouterr().out
     assert "| variant |" in out
     # no adapter: the output says the rankings are the untuned base model's

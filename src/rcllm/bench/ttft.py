@@ -83,7 +83,8 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
                             "reused_tokens": sum(s["reused_tokens"].values()) + s["prefix_tokens"],
                             "prefix_tokens": s["prefix_tokens"],
                             "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms,
-                            "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"]})
+                            "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"],
+                            "thread_cpu_ms": s["thread_cpu_ms"]})
         if store_misses:  # what the engine's cache_misses does after an answer, off the clock
             engine.build_history(req.history)
             engine.build_items(req.candidates)
