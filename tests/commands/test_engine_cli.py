@@ -52,6 +52,10 @@ def test_bench_ttft_report_contract(tiny_model_dir, tmp_path, capsys):
     full = next(r for r in report["rows"] if r["method"] == "full")
     assert full["speedup_vs_full"] == 1.0 and full["recomputed_fraction"] == 1.0
     assert len(report["summary"]["requests"]) == 2 * len(report["rows"])
+    # every chunk built ahead, timed: the simulator's price of a build behind an answer
+    s = report["summary"]
+    assert len(s["chunk_builds"]) == s["items_built_ahead"] + s["history_chunks_built_ahead"] > 0
+    assert all(0 < n <= ctx and ms > 0 for n, ctx, ms in s["chunk_builds"])
     # per request, the wall time and the CPU of the thread that ran it (the simulator's fits)
     assert all(0 < r["thread_cpu_ms"] and r["build_ms"] + r["assemble_ms"] < r["ttft_ms"]
                for r in report["summary"]["requests"])

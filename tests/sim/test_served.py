@@ -168,6 +168,47 @@ def test_work_behind_an_answer_shares_the_cores_with_the_next_request():
     assert rows[0]["behind_ms_per_request"] is None
 
 
+def test_behind_work_is_priced_by_the_builds_a_bench_run_timed(tmp_path):
+    """bench ttft's timed chunk builds give a fixed cost per job plus one per token
+    (`fit_behind`); the simulator prices each behind job with it, so a chunk costs its per-call
+    overhead too, and `rcllm sim sweep` reads it from the fit file and reports it."""
+    import argparse
+
+    rng = np.random.default_rng(3)
+    n = rng.integers(10, 40, 30)
+    builds = [[int(k), int(k) + 40, 100.0 + 3.0 * k] for k in n]
+    cost = served.fit_behind(builds)
+    assert cost == pytest.approx((100.0, 3.0), rel=1e-6)
+    assert served.fit_behind(builds[:3]) is None
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    assert served.behind_ms(profile, 20, 60, cost) == pytest.approx(160.0)
+    one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])
+    reqs = [dict(_request("rcllm", 500, 500, 0), behind_tokens=[[20, 60]]),
+            _request("rcllm", 500, 500, 0)]
+    at = [0, one / 1e3]
+    shared, _, _ = served.simulate_cell(at, reqs, profile, 1, "affinity", cores=1,
+                                       behind_cost=cost)
+    assert shared == pytest.approx([one, one + 160.0], rel=1e-6)
+    # the CLI: builds in the fit file's summary price the behind work
+    fit = tmp_path / "ttft.json"
+    fit.write_text(json.dumps({"summary": {"requests": _fit_records(rng),
+                                           "chunk_builds": builds}}))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"name": "bench.serve.sweep", "instances": 1,
+                                 "capacity_rps": 1.0, "cpu_count": 1, "cells": [
+        {"arrivals_s": at, "requests": reqs, "policy": "affinity", "rate_rps": 0.5,
+         "series": "s", "method": "rcllm", "ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0,
+         "engine_ttft_p50_ms": 1.0}]}))
+    top = argparse.ArgumentParser()
+    register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
+    args = top.parse_args(["sim", "sweep", "--sweep-json", str(sweep), "--fit-json", str(fit),
+                           "--out", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    report = json.loads((tmp_path / "out" / "sim_sweep.json").read_text())
+    assert report["summary"]["behind_cost"] == pytest.approx([100.0, 3.0], rel=1e-6)
+    assert report["rows"][0]["behind_ms_per_request"] == pytest.approx(80.0)
+
+
 def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
     alone = [{"user_id": u, "method": "full", "variant": "full", "ttft_ms": 100.0 + u}
              for u in range(5)]

@@ -31,12 +31,15 @@ ROW_KEYS = ("method", "item_ratio", "history_ratio", "ttft_p50_ms", "ttft_p90_ms
 
 def prepare_caches(engine, cases, new_reviews: int = 0, progress: bool = False) -> dict:
     items = sorted({c for case in cases for c in case.candidates})
+    engine.chunks.timings.clear()
     built_items = engine.build_items(items, progress=progress)
     ahead = [e for case in cases
              for e in (case.history[:-new_reviews] if new_reviews else case.history)]
     built_hist = engine.build_history(ahead, progress=progress)
+    # [computed, context, ms] of each chunk built ahead: what a build behind an answer costs
     return {"items_built_ahead": built_items, "history_chunks_built_ahead": built_hist,
-            "new_reviews_per_request": new_reviews}
+            "new_reviews_per_request": new_reviews,
+            "chunk_builds": [list(t) for t in engine.chunks.timings]}
 
 
 def _kl(ref: dict, got: dict) -> float:

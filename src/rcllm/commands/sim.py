@@ -113,10 +113,13 @@ def _validate(args) -> int:
 
 
 def _sweep(args) -> int:
-    from ..sim.served import fit_profile, load_sweep, predict_sweep, write_outputs
+    from ..sim.served import (fit_behind, fit_profile, load_chunk_builds, load_sweep,
+                              predict_sweep, write_outputs)
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
+    builds = load_chunk_builds([p for p in args.fit_json.split(",") if p])
+    cost = fit_behind(builds)
     if args.busy_slowdown <= 0:
         raise RcllmError("--busy-slowdown must be > 0")
     slowdown, pairs = args.busy_slowdown, None
@@ -131,7 +134,12 @@ def _sweep(args) -> int:
         print(f"busy slowdown per method (median over {pairs} requests, {args.busy_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
     rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
-                                  not args.no_behind)
+                                  not args.no_behind, cost)
+    if not args.no_behind:
+        print(f"work behind an answer priced per job at {cost[0]:.1f} ms + {cost[1]:.2f} ms per "
+              f"token (fitted on the {len(builds)} chunk builds of {args.fit_json})" if cost else
+              f"note: {args.fit_json} has no timed chunk builds (recorded before bench ttft "
+              "timed them): each job behind an answer priced as a forward pass")
     if not summary["behind_recorded"]:
         print("note: this sweep predates behind_tokens (the work each answer queues behind "
               "it): predicted without it")
@@ -140,7 +148,7 @@ def _sweep(args) -> int:
                    "min_repeats": args.min_repeats, "routing": args.routing,
                    "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
-                   "behind": not args.no_behind})
+                   "behind": not args.no_behind, "behind_cost": cost})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "

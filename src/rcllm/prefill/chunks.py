@@ -12,6 +12,8 @@ Keys are stored pre-RoPE, so the same entry serves the chunk at any position.
 from __future__ import annotations
 
 import hashlib
+import time
+from collections import deque
 from typing import Callable, Sequence
 
 import torch
@@ -35,6 +37,9 @@ class ChunkBuilder:
         self._context_ids = context_ids
         # (kind, mode) → K, V [L, H_kv, P, D] of the context, and its tag
         self._contexts: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor, str]] = {}
+        # (computed, context tokens, ms) of the latest builds, on whichever thread ran them: what
+        # a build costs, for the simulator's price of the work behind an answer
+        self.timings: deque = deque(maxlen=4096)
 
     def context(self, kind: str, mode: str):
         """(K, V, tag) of the tokens a chunk of `kind` is built after, or None for "none"."""
@@ -64,10 +69,14 @@ class ChunkBuilder:
     def compute(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> ChunkKV:
         """Position-independent KV of a chunk, built after its kind's context (keys pre-RoPE)."""
         ctx = self.context(kind, (reuse or self.reuse).chunk_context)
+        t0 = time.perf_counter()
         t = torch.tensor(ids, device=self.model.device)
         out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
                                  return_kv=True)
-        return ChunkKV(tuple(ids), out["k"], out["v"])
+        chunk = ChunkKV(tuple(ids), out["k"], out["v"])
+        context = len(ids) + (int(ctx[0].shape[-2]) if ctx else 0)
+        self.timings.append((len(ids), context, (time.perf_counter() - t0) * 1e3))
+        return chunk
 
     def ensure(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> bool:
         """Builds and stores the chunk if absent; True when this call built it. A build of the

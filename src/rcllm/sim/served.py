@@ -19,8 +19,10 @@ default 0); TTFT = arrival to the end of service. Routing:
 
 Work behind the answers: each request's `behind_tokens` (the chunk builds and the exact user
 side its instance queued after answering, recorded by the engine) run on that instance's builder
-thread, one job at a time, priced as plain forward passes (`behind_ms`); the engines and busy
-builders share the sweep machine's cores (processor sharing). Sweeps recorded before
+thread, one job at a time, priced by the chunk builds the fit run timed (`fit_behind`: a fixed
+cost per job plus one per token; runs recorded before builds were timed price a job as a plain
+forward pass, `behind_ms`); the engines and busy builders share the sweep machine's cores
+(processor sharing). Sweeps recorded before
 `behind_tokens` existed are predicted without it (the summary says so).
 
 What the model leaves out (the comparison shows how much it matters): the router's CPU, Redis
@@ -110,10 +112,45 @@ def service_ms(profile: SpeedProfile, method: str, computed: float, context: flo
                  + overhead_ms)
 
 
-def behind_ms(profile: SpeedProfile, computed: float, context: float) -> float:
-    """A job run behind an answer (a chunk build, the exact user side): a plain forward pass of
-    `computed` tokens over `context`, priced by the profile's compute terms (no per-request
-    fixed cost: no prompt is built and nothing is scored)."""
+BehindCost = tuple  # (fixed ms per job, ms per computed token): fitted on measured builds
+
+
+def fit_behind(builds: list) -> BehindCost | None:
+    """The cost of a job behind an answer, fitted on chunk builds a `bench ttft` run timed
+    (its summary's `chunk_builds`: [computed, context, ms] each): a fixed cost per job (one
+    forward call through every layer, whatever its size) plus a cost per computed token,
+    non-negative, least relative error. None with fewer than 4 builds."""
+    from scipy.optimize import nnls
+
+    arr = np.asarray(builds, float).reshape(-1, 3)
+    arr = arr[arr[:, 2] > 0]
+    if len(arr) < 4:
+        return None
+    scale = 1.0 / arr[:, 2]
+    x = np.stack([np.ones(len(arr)), arr[:, 0]], axis=1) * scale[:, None]
+    coef, _ = nnls(x, arr[:, 2] * scale)
+    return float(coef[0]), float(coef[1])
+
+
+def load_chunk_builds(paths: list[str]) -> list:
+    """The `chunk_builds` of bench ttft JSONs (runs recorded before it have none)."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        out += (data.get("summary") or {}).get("chunk_builds") or []
+    return out
+
+
+def behind_ms(profile: SpeedProfile, computed: float, context: float,
+              cost: BehindCost | None = None) -> float:
+    """A job run behind an answer (a chunk build, the exact user side). With `cost` (fitted on
+    measured builds, `fit_behind`): fixed + per computed token. Without: a plain forward pass
+    of `computed` tokens over `context` priced by the profile's compute terms, no fixed cost
+    (what sweeps were predicted with before builds were timed; it leaves out the per-call cost
+    of running every layer, which dominates a 16–32-token chunk)."""
+    if cost is not None:
+        return float(cost[0] + cost[1] * computed)
     return float(computed * (profile.ms_per_token + profile.ms_per_token_ctx * context))
 
 
@@ -121,7 +158,8 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
                   instances: int, policy: str, routing: str = "replay",
                   overhead_ms: float = 0.0,
                   busy_slowdown: float | Mapping[str, float] = 1.0,
-                  cores: float | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+                  cores: float | None = None, behind_cost: BehindCost | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed).
 
@@ -132,12 +170,13 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
     `cores`: the work a request queued behind its answer (`behind_tokens`: chunk builds, the
     exact user side) runs on its instance's builder thread, one job at a time, beside the
     engine; with more busy threads than cores each gets cores/threads of one. None: behind
-    work is left out (the model before it was recorded)."""
+    work is left out (the model before it was recorded). `behind_cost`: `behind_ms`'s price of
+    a job."""
     own = routing == "policy" and policy in ("load-only", "round-robin")
     jobs = [(at_s * 1e3, service_ms(profile, r.get("method") or "rcllm",
                                     r["recomputed_tokens"], r["context_tokens"], overhead_ms),
              int(r["instance"]) % instances,
-             [behind_ms(profile, n, ctx) for n, ctx in r.get("behind_tokens", [])]
+             [behind_ms(profile, n, ctx, behind_cost) for n, ctx in r.get("behind_tokens", [])]
              if cores else [],
              slowdown_of(busy_slowdown, r.get("method") or "rcllm"))
             for at_s, r in zip(arrivals_s, requests) if r["status"] == 200]
@@ -212,10 +251,11 @@ def _rel(pred: float, meas: float) -> float:
 
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
                   overhead_ms: float = 0.0, busy_slowdown: float | Mapping[str, float] = 1.0,
-                  behind: bool = True) -> tuple[list[dict], dict]:
+                  behind: bool = True, behind_cost: BehindCost | None = None
+                  ) -> tuple[list[dict], dict]:
     """Rows (one per cell: measured vs predicted P50/P99) and a summary. `behind`: model the
     work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
-    where the sweep recorded it."""
+    where the sweep recorded it, each job priced by `behind_cost` (`fit_behind`) when given."""
     recorded = any("behind_tokens" in r for c in sweep["cells"] for r in c["requests"])
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
@@ -224,9 +264,11 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     rows, predicted = [], []
     for c in sweep["cells"]:
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
-                                       routing, overhead_ms, busy_slowdown, cores)
+                                       routing, overhead_ms, busy_slowdown, cores,
+                                       behind_cost)
         ok = [r for r in c["requests"] if r["status"] == 200]
-        work = [sum(behind_ms(profile, n, ctx) for n, ctx in r.get("behind_tokens", []))
+        work = [sum(behind_ms(profile, n, ctx, behind_cost)
+                    for n, ctx in r.get("behind_tokens", []))
                 for r in ok]
         if not len(ttft):
             continue
@@ -269,6 +311,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
                "behind_cores": cores, "behind_recorded": recorded,
+               # [fixed ms, ms per token] fitted on timed builds; None: priced as forward passes
+               "behind_cost": list(behind_cost) if behind_cost else None,
                "predicted": predicted}
     return rows, summary
 
