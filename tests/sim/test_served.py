@@ -230,3 +230,28 @@ def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
     assert ttft[1] == pytest.approx(2 * fast) and ttft[0] == pytest.approx(one)
     with pytest.raises(Exception, match="share no request"):
         served.busy_slowdown_from(alone, [{**shared[0], "user_id": 99}])
+
+
+def test_served_overlap_script_splits_requests_by_the_other_instances_work():
+    """scripts/served_overlap.py: a request whose whole engine span another instance was
+    computing is "busy", one alone is "idle"; its ratios are against the fitted prediction."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "scripts" / "served_overlap.py"
+    spec = importlib.util.spec_from_file_location("served_overlap", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])
+
+    def req(instance, sent_s, cpu):
+        return {**_request("full", 500, 500, instance), "sent_s": sent_s, "ttft_ms": 2 * one,
+                "total_ms": 2 * one, "latency_ms": 2 * one, "thread_cpu_ms": cpu}
+
+    cell = {"series": "full @ load-only", "requests": [
+        req(0, 0.0, one), req(1, 0.0, one), req(0, 100.0, 2 * one)]}
+    out = mod.rows({"cells": [cell]}, profile)
+    assert len(out[("full", "busy")]) == 2 and len(out[("full", "idle")]) == 1
+    eng, cpu, share = out[("full", "busy")][0][:3]
+    assert eng == pytest.approx(2.0) and cpu == pytest.approx(1.0) and share == pytest.approx(0.5)
