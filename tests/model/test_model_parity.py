@@ -28,6 +28,10 @@ def test_prefix_continuation_equals_one_pass():
     tail = model.forward(ids[25:], head["k"], head["v"], return_kv=True)
     assert torch.allclose(whole["logits"], tail["logits"], atol=1e-4)
     assert torch.allclose(whole["k"][:, :, 25:], tail["k"], atol=1e-4)
+    # a KV build skips the output head: the same KV, bit for bit, and no logits
+    bare = model.forward(ids[25:], head["k"], head["v"], return_kv=True, logits=False)
+    assert "logits" not in bare
+    assert torch.equal(bare["k"], tail["k"]) and torch.equal(bare["v"], tail["v"])
 
 
 def test_real_model_parity(real_model):

@@ -47,7 +47,8 @@ class ChunkBuilder:
             return None
         if (kind, mode) not in self._contexts:
             ids = list(self._context_ids("instruction" if mode == "instruction" else kind))
-            out = self.model.forward(torch.tensor(ids, device=self.model.device), return_kv=True)
+            out = self.model.forward(torch.tensor(ids, device=self.model.device), return_kv=True,
+                                     logits=False)
             tag = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
             self._contexts[(kind, mode)] = (out["k"], out["v"], tag)
         return self._contexts[(kind, mode)]
@@ -72,7 +73,7 @@ class ChunkBuilder:
         t0 = time.perf_counter()
         t = torch.tensor(ids, device=self.model.device)
         out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
-                                 return_kv=True)
+                                 return_kv=True, logits=False)
         chunk = ChunkKV(tuple(ids), out["k"], out["v"])
         context = len(ids) + (int(ctx[0].shape[-2]) if ctx else 0)
         self.timings.append((len(ids), context, (time.perf_counter() - t0) * 1e3))

@@ -24,7 +24,8 @@ from .kv import PrefixKV
 @torch.inference_mode()
 def compute_prefix(model: Transformer, ids: Sequence[int]) -> PrefixKV:
     """The user side's KV from one causal forward (positions 0..N-1)."""
-    out = model.forward(torch.tensor(list(ids), device=model.device), return_kv=True)
+    out = model.forward(torch.tensor(list(ids), device=model.device), return_kv=True,
+                        logits=False)
     return PrefixKV(out["k"], out["v"])
 
 
