@@ -5,6 +5,8 @@ import dataclasses
 import threading
 import time
 
+import torch
+
 from kv_helpers import FP, make_entry
 
 from rcllm.kvstore.base import MemoryLRUStore, chunk_key
@@ -129,28 +131,32 @@ def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
     case = build_cases(ds, history_window=10, num_negatives=4, seed=0, max_cases=1)[0]
     req = RankRequest(case.user_id, case.history, case.candidates)
     gate = threading.Event()
-    compute = engine.chunks.compute     # what a build behind runs (not engine.compute_chunk)
+    many = engine.chunks.compute_many   # what a build behind runs: a kind's misses at once
+    passes = []
     # builds wait for the gate (set below, or on a failure): no timeout that a slow, shared
     # machine could outlast while the request is still being answered
-    engine.chunks.compute = lambda *a, **k: (gate.wait(600), compute(*a, **k))[1]
+    engine.chunks.compute_many = lambda kind, chunks, *a, **k: (
+        gate.wait(600), passes.append((kind, len(chunks))), many(kind, chunks, *a, **k))[2]
     try:
         first = engine.rank(req, "naive")        # returns although no build may run yet
         st = engine.store.stats()                # queued (or waiting at the gate), none built
         assert first.stats["chunk_misses"] > 0
         assert st["build_queue"] == first.stats["chunk_misses"]
-        # each queued build is reported with its (computed, context) tokens: the sim prices it
+        # one job per kind with misses, with its (computed, context) tokens: the sim prices it
         jobs = first.stats["behind_tokens"]
-        assert len(jobs) == first.stats["chunk_misses"]
+        assert 1 <= len(jobs) <= 2
         assert all(0 < n < ctx for n, ctx in jobs)     # built after the template context
         repeat = engine.rank(req, "naive")       # misses again: its builds are in flight
         assert repeat.stats["behind_tokens"] == []
-        assert engine.store.stats()["build_shared"] == len(jobs)
+        assert engine.store.stats()["build_shared"] == first.stats["chunk_misses"]
         assert len(engine.store) == 0
     finally:
         gate.set()
     engine.store.flush()
     st = engine.store.stats()
     assert st["build_built"] == first.stats["chunk_misses"] and st["build_queue"] == 0
+    # each kind's misses were built in one pass, by the first of their jobs to run
+    assert len(passes) == len(jobs) and sum(n for _, n in passes) == first.stats["chunk_misses"]
     assert st["kind_misses:item"] + st["kind_misses:history"] == 2 * first.stats["chunk_misses"]
     again = engine.rank(req, "naive")
     assert again.stats["chunk_misses"] == 0
@@ -158,6 +164,13 @@ def test_the_engine_answers_before_its_misses_are_built(tiny_model_dir):
     assert st["kind_hits:item"] == len(case.candidates)
     assert st["kind_hits:history"] == again.stats["chunk_hits"] - len(case.candidates)
     engine.store.check_invariants()
+    # each stored entry is what building that chunk alone after its kind's context gives
+    chunks = ([("item", engine.builder.item_chunk(c)) for c in case.candidates]
+              + [("history", engine.builder.history_chunk(e)) for e in case.history])
+    for kind, ids in chunks:
+        got, alone = engine.store.get(engine.chunks.key(kind, ids)), engine.chunks.compute(kind, ids)
+        assert got is not None and torch.allclose(got.k, alone.k, atol=1e-5), kind
+        assert torch.allclose(got.v, alone.v, atol=1e-5), kind
     close_store(engine.store)
 
 

@@ -167,10 +167,10 @@ class Engine:
             upto = shared if prompt.blocks else shared - 1
             self.prefix.insert(prompt.token_ids, inp.k_buf, inp.v_buf, upto)
         jobs = got.stats.behind_tokens
-        for kind, ids in got.misses:
-            if reuse.cache_misses:
-                jobs.append(self.chunks.build_behind(kind, ids, reuse))
-            else:
+        if reuse.cache_misses:
+            jobs += self.chunks.build_behind(got.misses, reuse)
+        else:
+            for kind, _ in got.misses:
                 self.store.count_miss(kind)
         if user is not None:
             jobs.append(self.user_sides.store(reuse, inp, user, self.store.run_behind))

@@ -43,7 +43,8 @@ class RankStats(Mapping):
     full_flops: float = 0.0
     truncated_history: int = 0
     # [computed, context] tokens of each job queued behind the answer on the store's builder
-    # thread (a missed chunk's build, the exact user side): CPU the instance spends after it
+    # thread (the build of a kind's missed chunks, one pass; the exact user side): CPU the
+    # instance spends after it
     behind_tokens: list = field(default_factory=list)
     build_ms: float = 0.0            # prompt build + tokenise
     assemble_ms: float = 0.0         # cache look-ups + KV gather

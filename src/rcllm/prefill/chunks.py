@@ -12,6 +12,7 @@ Keys are stored pre-RoPE, so the same entry serves the chunk at any position.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import deque
 from typing import Callable, Sequence
@@ -87,15 +88,46 @@ class ChunkBuilder:
             return False
         return self.store.build_now(key, lambda: self.compute(kind, ids, reuse))
 
-    def build_behind(self, kind: str, ids: Sequence[int], reuse: ReuseConfig
-                     ) -> tuple[int, int] | None:
-        """A request's miss, after its answer: built behind it on the store (once per key).
-        (computed, context) tokens of the build when this call queued (or ran) it, else None."""
-        if not self.store.build_behind(self.key(kind, ids, reuse), kind,
-                                       lambda: self.compute(kind, ids, reuse)):
-            return None
-        ctx = self.context(kind, reuse.chunk_context)
-        return len(ids), len(ids) + (int(ctx[0].shape[-2]) if ctx else 0)
+    @torch.inference_mode()
+    def compute_many(self, kind: str, chunks: Sequence[Sequence[int]],
+                     reuse: ReuseConfig | None = None) -> list[ChunkKV]:
+        """`compute` of several chunks of one kind in one pass (each after the kind's context,
+        seeing it and itself: `prefill.selective.blocks_kv`), so a build's fixed cost — reading
+        every layer's weights — is paid once for all of them. Equal to `compute` of each up to
+        float rounding."""
+        from .selective import blocks_kv
+
+        ctx = self.context(kind, (reuse or self.reuse).chunk_context)
+        if ctx is None or len(chunks) == 1:
+            return [self.compute(kind, ids, reuse) for ids in chunks]
+        t0 = time.perf_counter()
+        kv = blocks_kv(self.model, ctx[0], ctx[1], chunks)
+        n = sum(len(ids) for ids in chunks)
+        self.timings.append((n, n + int(ctx[0].shape[-2]), (time.perf_counter() - t0) * 1e3))
+        return [ChunkKV(tuple(ids), k, v) for ids, (k, v) in zip(chunks, kv)]
+
+    def build_behind(self, misses: Sequence[tuple[str, Sequence[int]]], reuse: ReuseConfig
+                     ) -> list[tuple[int, int]]:
+        """A request's misses, after its answer: each queued on the store's builder (once per
+        key: `KVStore.build_behind` counts the miss and skips a key stored or in flight), and
+        the queued ones of a kind built together in one pass (`compute_many`) by whichever of
+        their jobs runs first. Returns (computed, context) tokens per kind with a queued build
+        — one job each, as the builder runs it."""
+        out = []
+        for kind in dict.fromkeys(k for k, _ in misses):
+            batch = _Batch(self, kind, reuse)
+            queued = []
+            for ids in (ids for k, ids in misses if k == kind):
+                batch.add(ids)   # before the job is queued: the builder may run it at once
+                if self.store.build_behind(self.key(kind, ids, reuse), kind,
+                                           lambda ids=ids, batch=batch: batch.take(ids)):
+                    queued.append(len(ids))
+                else:
+                    batch.discard(ids)
+            if queued:
+                ctx = self.context(kind, reuse.chunk_context)
+                out.append((sum(queued), sum(queued) + (int(ctx[0].shape[-2]) if ctx else 0)))
+        return out
 
     def build(self, kind: str, chunks: Sequence[Sequence[int]], progress: bool = False) -> int:
         """Ensures every chunk of `kind` is stored; returns how many were built."""
@@ -103,3 +135,34 @@ class ChunkBuilder:
 
         bar = tqdm(chunks, desc=f"building {kind} KV", unit="chunk", disable=not progress)
         return sum(self.ensure(kind, ids) for ids in bar)
+
+
+class _Batch:
+    """The chunks of one kind a request queued behind its answer: the first of their jobs to
+    run builds every one still wanted in one pass; the others take their result."""
+
+    def __init__(self, builder: ChunkBuilder, kind: str, reuse: ReuseConfig):
+        self.builder, self.kind, self.reuse = builder, kind, reuse
+        self._wanted: list[tuple[int, ...]] = []
+        self._built: dict[tuple[int, ...], ChunkKV] = {}
+        self._lock = threading.Lock()
+
+    def add(self, ids: Sequence[int]) -> None:
+        with self._lock:
+            self._wanted.append(tuple(ids))
+
+    def discard(self, ids: Sequence[int]) -> None:
+        with self._lock:
+            if tuple(ids) in self._wanted:
+                self._wanted.remove(tuple(ids))
+
+    def take(self, ids: Sequence[int]) -> ChunkKV:
+        key = tuple(ids)
+        with self._lock:
+            if key not in self._built:
+                todo = [c for c in dict.fromkeys(self._wanted + [key]) if c not in self._built]
+                for c, kv in zip(todo, self.builder.compute_many(self.kind, todo, self.reuse)):
+                    self._built[c] = kv
+            if key in self._wanted:
+                self._wanted.remove(key)
+            return self._built.pop(key)

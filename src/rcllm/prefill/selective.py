@@ -167,6 +167,32 @@ def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
     not modified. One pass of the selective prefill with nothing to select."""
     from .selection import SelectionPolicy
 
+    inp = _after_exact(model, k, v, blocks, every_slot)
+    return prefill(model, inp, SelectionPolicy(None), grad=grad).hidden_out
+
+
+def blocks_kv(model: Transformer, k: torch.Tensor, v: torch.Tensor,
+              blocks: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(K, V) [L, H_kv, len(block), D] (keys pre-RoPE) of each token block placed right after
+    an exact KV prefix k/v, seeing the prefix and itself only: what one forward of the block
+    after the prefix gives (`Transformer.forward(block, k, v, return_kv=True)`), for every
+    block in one pass of the selective prefill, so the weights are read once for all of them."""
+    from .selection import SelectionPolicy
+
+    inp = _after_exact(model, k, v, blocks, False)
+    prefill(model, inp, SelectionPolicy(None))
+    out, at = [], k.shape[2]
+    for b in blocks:
+        out.append((torch.stack([kb[:, at:at + len(b)] for kb in inp.k_buf]),
+                    torch.stack([vb[:, at:at + len(b)] for vb in inp.v_buf])))
+        at += len(b)
+    return out
+
+
+def _after_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
+                 blocks: Sequence[Sequence[int]], every_slot: bool) -> PrefillInputs:
+    """Prefill inputs of blocks after an exact prefix: the prefix's KV held, the blocks to
+    compute, a block layout (`continue_exact`, `blocks_kv`)."""
     if any(len(b) == 0 for b in blocks):
         raise ValueError("empty block")
     n, dev = k.shape[2], model.device
@@ -186,10 +212,9 @@ def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
 
     have = torch.zeros(total, dtype=torch.bool, device=dev)
     have[:n] = True
-    inp = PrefillInputs(ids, bufs(k), bufs(v), have, have.clone(),
-                        torch.zeros(total, dtype=torch.int8, device=dev),
-                        torch.zeros(total, dtype=torch.long, device=dev), layout=layout)
-    return prefill(model, inp, SelectionPolicy(None), grad=grad).hidden_out
+    return PrefillInputs(ids, bufs(k), bufs(v), have, have.clone(),
+                         torch.zeros(total, dtype=torch.int8, device=dev),
+                         torch.zeros(total, dtype=torch.long, device=dev), layout=layout)
 
 
 @dataclass
