@@ -51,8 +51,8 @@ DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x"
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run
 TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429", "errors_5xx",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
-         "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment", "chunk_hit_ratio",
-         "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance")
+         "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
+         "chunk_hit_ratio", "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance")
 
 
 @dataclass(frozen=True)

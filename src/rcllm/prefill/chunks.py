@@ -54,6 +54,11 @@ class ChunkBuilder:
             self._contexts[(kind, mode)] = (out["k"], out["v"], tag)
         return self._contexts[(kind, mode)]
 
+    def context_len(self, kind: str, reuse: ReuseConfig | None = None) -> int:
+        """How many tokens a chunk of `kind` is built after (0 for the "none" context)."""
+        ctx = self.context(kind, (reuse or self.reuse).chunk_context)
+        return int(ctx[0].shape[-2]) if ctx else 0
+
     def kind_tag(self, kind: str, reuse: ReuseConfig | None = None) -> str:
         """The tag chunks of `kind` are keyed under (kind + the context they are built after)."""
         ctx = self.context(kind, (reuse or self.reuse).chunk_context)
@@ -75,10 +80,13 @@ class ChunkBuilder:
         t = torch.tensor(ids, device=self.model.device)
         out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
                                  return_kv=True, logits=False)
-        chunk = ChunkKV(tuple(ids), out["k"], out["v"])
-        context = len(ids) + (int(ctx[0].shape[-2]) if ctx else 0)
-        self.timings.append((len(ids), context, (time.perf_counter() - t0) * 1e3))
-        return chunk
+        self._timed(len(ids), kind, reuse, t0)
+        return ChunkKV(tuple(ids), out["k"], out["v"])
+
+    def _timed(self, computed: int, kind: str, reuse: ReuseConfig | None, t0: float) -> None:
+        """Records a build of `computed` tokens that started at perf_counter `t0`."""
+        self.timings.append((computed, computed + self.context_len(kind, reuse),
+                             (time.perf_counter() - t0) * 1e3))
 
     def ensure(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None = None) -> bool:
         """Builds and stores the chunk if absent; True when this call built it. A build of the
@@ -102,8 +110,7 @@ class ChunkBuilder:
             return [self.compute(kind, ids, reuse) for ids in chunks]
         t0 = time.perf_counter()
         kv = blocks_kv(self.model, ctx[0], ctx[1], chunks)
-        n = sum(len(ids) for ids in chunks)
-        self.timings.append((n, n + int(ctx[0].shape[-2]), (time.perf_counter() - t0) * 1e3))
+        self._timed(sum(len(ids) for ids in chunks), kind, reuse, t0)
         return [ChunkKV(tuple(ids), k, v) for ids, (k, v) in zip(chunks, kv)]
 
     def build_behind(self, misses: Sequence[tuple[str, Sequence[int]]], reuse: ReuseConfig
@@ -125,8 +132,7 @@ class ChunkBuilder:
                 else:
                     batch.discard(ids)
             if queued:
-                ctx = self.context(kind, reuse.chunk_context)
-                out.append((sum(queued), sum(queued) + (int(ctx[0].shape[-2]) if ctx else 0)))
+                out.append((sum(queued), sum(queued) + self.context_len(kind, reuse)))
         return out
 
     def build(self, kind: str, chunks: Sequence[Sequence[int]], progress: bool = False) -> int:

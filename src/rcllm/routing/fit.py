@@ -26,6 +26,15 @@ def _design(points: np.ndarray, method_idx: np.ndarray, num_methods: int) -> np.
     return np.stack(cols, axis=1)
 
 
+def relative_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients of `x @ coef ≈ y` minimising the relative error (each row
+    divided by its measured `y`), the error the validations report."""
+    from scipy.optimize import nnls  # scipy is a dependency; imported here to keep import light
+
+    scale = 1.0 / y
+    return nnls(x * scale[:, None], y * scale)[0]
+
+
 def fit_cpu_profile(points: Sequence[Point], methods: Sequence[str] | None = None,
                     base: SpeedProfile | None = None) -> SpeedProfile:
     """Fits fixed_ms, ms_per_token, ms_per_token_ctx and per-method reuse cost.
@@ -34,8 +43,6 @@ def fit_cpu_profile(points: Sequence[Point], methods: Sequence[str] | None = Non
     shared and each method gets its own reuse cost. Without it one reuse cost is fitted and
     given to 'prefix' and 'rcllm'. Raises RcllmError on fewer than 4 points or bad values.
     """
-    from scipy.optimize import nnls  # scipy is a dependency; imported here to keep import light
-
     arr = np.asarray(points, dtype=float)
     if arr.ndim != 2 or arr.shape[1] != 3 or len(arr) < 4:
         raise RcllmError("fit_cpu_profile needs at least 4 (computed, context, ms) points")
@@ -44,9 +51,7 @@ def fit_cpu_profile(points: Sequence[Point], methods: Sequence[str] | None = Non
     names = sorted(set(methods)) if methods is not None else ["*"]
     idx = (np.array([names.index(m) for m in methods]) if methods is not None
            else np.zeros(len(arr), int))
-    x = _design(arr, idx, len(names))
-    scale = 1.0 / arr[:, 2]
-    coef, _ = nnls(x * scale[:, None], arr[:, 2] * scale)
+    coef = relative_nnls(_design(arr, idx, len(names)), arr[:, 2])
     reuse = {m: float(coef[3 + i]) for i, m in enumerate(names)}
     if methods is None:
         reuse = {"prefix": reuse["*"], "rcllm": reuse["*"]}

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import RcllmError
-from ..routing.fit import fit_cpu_profile, predict_ms
+from ..routing.fit import fit_cpu_profile, predict_ms, relative_nnls
 from ..routing.profiles import SpeedProfile
 
 COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
@@ -120,15 +120,11 @@ def fit_behind(builds: list) -> BehindCost | None:
     (its summary's `chunk_builds`: [computed, context, ms] each): a fixed cost per job (one
     forward call through every layer, whatever its size) plus a cost per computed token,
     non-negative, least relative error. None with fewer than 4 builds."""
-    from scipy.optimize import nnls
-
     arr = np.asarray(builds, float).reshape(-1, 3)
     arr = arr[arr[:, 2] > 0]
     if len(arr) < 4:
         return None
-    scale = 1.0 / arr[:, 2]
-    x = np.stack([np.ones(len(arr)), arr[:, 0]], axis=1) * scale[:, None]
-    coef, _ = nnls(x, arr[:, 2] * scale)
+    coef = relative_nnls(np.stack([np.ones(len(arr)), arr[:, 0]], axis=1), arr[:, 2])
     return float(coef[0]), float(coef[1])
 
 
