@@ -56,6 +56,7 @@ def test_bench_ttft_report_contract(tiny_model_dir, tmp_path, capsys):
     s = report["summary"]
     assert len(s["chunk_builds"]) == s["items_built_ahead"] + s["history_chunks_built_ahead"] > 0
     assert all(0 < n <= ctx and ms > 0 for n, ctx, ms in s["chunk_builds"])
+    assert len(s["reference_ms"]) == 2 and min(s["reference_ms"]) > 0   # before and after
     # per request, the wall time and the CPU of the thread that ran it (the simulator's fits)
     assert all(0 < r["thread_cpu_ms"] and r["build_ms"] + r["assemble_ms"] < r["ttft_ms"]
                for r in report["summary"]["requests"])

@@ -101,6 +101,8 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         assert c["ttft_p50_ms"] <= c["ttft_p90_ms"] <= c["ttft_p99_ms"]
         assert c["goodput_rps"] > 0 and c["slo_attainment"] == c["ok"] / 6
         assert len(c["loadavg_1m"]) == 2
+        # the machine's speed before the cell: one reference pass per instance
+        assert len(c["reference_ms"]) == 2 and min(c["reference_ms"]) > 0
         assert 0 < c["engine_cpu_p50_ms"] <= c["engine_ttft_p99_ms"]
     assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
     assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")

@@ -255,3 +255,46 @@ def test_served_overlap_script_splits_requests_by_the_other_instances_work():
     assert len(out[("full", "busy")]) == 2 and len(out[("full", "idle")]) == 1
     eng, cpu, share = out[("full", "busy")][0][:3]
     assert eng == pytest.approx(2.0) and cpu == pytest.approx(1.0) and share == pytest.approx(0.5)
+
+
+def test_each_cell_is_scaled_to_the_machines_speed_by_the_reference_pass(tmp_path):
+    """The VM's speed drifts between runs: a cell whose reference pass (timed before it) ran
+    10% slower than the fit run's is predicted 10% slower, a cell without one is unscaled, and
+    `--no-speed-reference` turns the scaling off."""
+    import argparse
+
+    profile = served.fit_profile(_fit_records(np.random.default_rng(1)))
+    reqs = [_request("rcllm", 600, 180, k % 2) for k in range(6)]
+    arrivals = (np.arange(6) / 1.0).tolist()
+    alone = served.simulate_cell(arrivals, reqs, profile, 2, "affinity")[0]
+    cells = []
+    for ref in ([110.0, 112.0, 108.0], None):
+        cell = {"rate_rps": 1.0, "series": "s", "method": "rcllm", "policy": "affinity",
+                "arrivals_s": arrivals, "requests": reqs, "engine_ttft_p50_ms": 1.0,
+                "ttft_p50_ms": float(np.percentile(alone * 1.1, 50)),
+                "ttft_p99_ms": float(np.percentile(alone * 1.1, 99))}
+        cells.append(cell if ref is None else {**cell, "reference_ms": ref})
+    assert served.speed_scale(cells[0], 100.0) == pytest.approx(1.1)
+    assert served.speed_scale(cells[1], 100.0) == 1.0
+    assert served.speed_scale(cells[0], None) == 1.0
+    fit = tmp_path / "ttft.json"
+    fit.write_text(json.dumps({"summary": {"requests": _fit_records(np.random.default_rng(1)),
+                                           "reference_ms": [98.0, 102.0]}}))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"name": "bench.serve.sweep", "instances": 2,
+                                 "capacity_rps": 10.0, "cells": cells}))
+    top = argparse.ArgumentParser()
+    register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
+    for extra, errors in (([], [0.0, 1 - 1 / 1.1]),
+                          (["--no-speed-reference"], [1 - 1 / 1.1, 1 - 1 / 1.1])):
+        out = tmp_path / f"out{len(extra)}"
+        args = top.parse_args(["sim", "sweep", "--sweep-json", str(sweep), "--fit-json",
+                               str(fit), "--out", str(out)] + extra)
+        assert args.func(args) == 0
+        report = json.loads((out / "sim_sweep.json").read_text())
+        assert [r["p50_rel_err"] for r in report["rows"]] == pytest.approx(errors, abs=1e-6)
+        assert report["summary"]["fit_reference_ms"] == (None if extra else 100.0)
+    # a fit run recorded before the reference existed leaves every cell unscaled
+    fit.write_text(json.dumps({"summary": {"requests": _fit_records(np.random.default_rng(1))}}))
+    assert served.load_reference([str(fit)]) is None
+

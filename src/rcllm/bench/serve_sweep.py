@@ -229,6 +229,9 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     if backend.residency is not None:
         backend.residency = UserResidency(backend.residency.ttl_s)
     bodies = [s.body(b) for b in _redated(trace.bodies, day)]
+    # the machine's speed now (`model.reference`): the simulator puts the cell and its fit run
+    # on one scale with it (the VM's speed drifts within a sweep)
+    reference = backend.speed_reference()
     load_before = os.getloadavg()[0]
     res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True)
     drained = wait_for_builds(backend.store_stats)
@@ -236,6 +239,7 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
+            "reference_ms": reference,
             # the machine's 1-min load average before and after the cell: a quiet 2-core
             # machine running this sweep stays near 2-3
             "loadavg_1m": [load_before, os.getloadavg()[0]],

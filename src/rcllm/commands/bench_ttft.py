@@ -90,17 +90,22 @@ def _run(args, name: str) -> int:
         from ..engine import UNTUNED_NOTE
 
         print(f"note: {UNTUNED_NOTE}")
+    from ..model.reference import reference_ms
+
     caches = prepare_caches(engine, cases, args.new_reviews, progress=True)
+    reference = [reference_ms(engine.model)]     # the machine's speed, before and after
     variants = pointwise_variants() if scorer == "pointwise" else default_variants()
     if getattr(args, "compare_flat", False):
         variants += [FlatVariant("rcllm", v.item_ratio, v.history_ratio) for v in variants
                      if v.method == "rcllm" and not v.user_prefix]
     rows, records = run_ttft(engine, cases, variants, progress=True)
+    reference.append(reference_ms(engine.model))
     tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
     summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
                "candidate_source": args.candidate_source, "scorer": scorer,
                "adapter": args.adapter, "untuned": engine.untuned,
-               "retrieval_recall": retrieval_recall(cases), "wall_s": time.perf_counter() - t0}
+               "retrieval_recall": retrieval_recall(cases), "reference_ms": reference,
+               "wall_s": time.perf_counter() - t0}
     for row in rows:
         if row["method"] == "rcllm":
             tag = f"{row['item_ratio']:g}_{row['history_ratio']:g}"

@@ -15,6 +15,8 @@ import argparse
 import dataclasses
 import os
 
+import numpy as np
+
 from ..errors import RcllmError
 from ..report import markdown_table, write_report
 
@@ -113,13 +115,15 @@ def _validate(args) -> int:
 
 
 def _sweep(args) -> int:
-    from ..sim.served import (fit_behind, fit_profile, load_chunk_builds, load_sweep,
-                              predict_sweep, write_outputs)
+    from ..sim.served import (fit_behind, fit_profile, load_chunk_builds, load_reference,
+                              load_sweep, predict_sweep, write_outputs)
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
-    builds = load_chunk_builds([p for p in args.fit_json.split(",") if p])
+    fit_paths = [p for p in args.fit_json.split(",") if p]
+    builds = load_chunk_builds(fit_paths)
     cost = fit_behind(builds)
+    reference = None if args.no_speed_reference else load_reference(fit_paths)
     if args.busy_slowdown <= 0:
         raise RcllmError("--busy-slowdown must be > 0")
     slowdown, pairs = args.busy_slowdown, None
@@ -134,12 +138,20 @@ def _sweep(args) -> int:
         print(f"busy slowdown per method (median over {pairs} requests, {args.busy_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
     rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
-                                  not args.no_behind, cost)
+                                  not args.no_behind, cost, reference)
     if not args.no_behind:
         print(f"work behind an answer priced per job at {cost[0]:.1f} ms + {cost[1]:.2f} ms per "
               f"token (fitted on the {len(builds)} chunk builds of {args.fit_json})" if cost else
               f"note: {args.fit_json} has no timed chunk builds (recorded before bench ttft "
               "timed them): each job behind an answer priced as a forward pass")
+    scales = [r["speed_scale"] for r in rows]
+    if reference is not None and scales:
+        print(f"each cell scaled to the machine's speed in it: cell reference / fit reference "
+              f"({reference:.0f} ms) from {min(scales):.3f} to {max(scales):.3f}, median "
+              f"{float(np.median(scales)):.3f} (cells without a reference: 1)")
+    elif not args.no_speed_reference:
+        print(f"note: {args.fit_json} has no speed reference (recorded before bench ttft timed "
+              "it): cells not scaled to the machine's speed")
     if not summary["behind_recorded"]:
         print("note: this sweep predates behind_tokens (the work each answer queues behind "
               "it): predicted without it")
@@ -148,7 +160,8 @@ def _sweep(args) -> int:
                    "min_repeats": args.min_repeats, "routing": args.routing,
                    "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
-                   "behind": not args.no_behind, "behind_cost": cost})
+                   "behind": not args.no_behind, "behind_cost": cost,
+                   "fit_reference_ms": reference})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
@@ -275,6 +288,9 @@ def register(top, bench) -> None:
                     help="leave out the work each answer queues behind it (chunk builds, the "
                          "exact user side), which by default runs beside the engines on the "
                          "sweep machine's cores")
+    sw.add_argument("--no-speed-reference", action="store_true",
+                    help="do not scale each cell by its speed reference over the fit run's "
+                         "(the fixed pass both time: the machine's speed drifts between runs)")
     sw.add_argument("--out", default="sim-sweep", help="output folder (default sim-sweep)")
     sw.set_defaults(func=_sweep)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")

@@ -43,6 +43,14 @@ class Instance:
             return {"points": calibration_points(e, self.dataset, cases),
                     "model": dataclasses.asdict(served_model_spec(e))}
 
+    def speed_reference(self) -> float:
+        """The reference pass (`model.reference`) timed on this engine once it is free: the
+        machine's speed now, for the simulator's prediction of a sweep cell."""
+        from ..model.reference import reference_ms
+
+        with self.host.lock:
+            return reference_ms(self.host.engine.model)
+
     def probe(self, timeout_s: float) -> bool:
         """Whether the engine is free within `timeout_s` (its lock could be taken): the
         router re-admits a suspect instance once this answers True. Never waits longer, so

@@ -334,6 +334,13 @@ class RayBackend:
         """The process id of each instance actor (for RSS sampling by `bench serve`)."""
         return [p["pid"] for p in self._ray.get([a.ping.remote() for a in self.actors])]
 
+    def speed_reference(self) -> list[float]:
+        """Each instance's reference pass (ms), timed one instance at a time so that none
+        shares the cores with another: the speed of the machine, not of two engines on it
+        (the simulator models that sharing itself)."""
+        return [float(self._ray.get(a.speed_reference.remote(), timeout=120))
+                for a in self.actors]
+
     def kill_instance(self, index: int) -> None:
         """Kills one actor (fault-injection for tests); the router finds out on its next call."""
         self._ray.kill(self.actors[index], no_restart=True)

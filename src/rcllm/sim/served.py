@@ -45,7 +45,7 @@ from ..routing.profiles import SpeedProfile
 COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
            "predicted_p50_ms", "p50_rel_err", "measured_p99_ms", "predicted_p99_ms",
            "p99_rel_err", "measured_engine_p50_ms", "measured_engine_cpu_p50_ms",
-           "predicted_service_p50_ms", "behind_ms_per_request")
+           "predicted_service_p50_ms", "behind_ms_per_request", "speed_scale")
 
 
 def load_sweep(path: str) -> dict[str, Any]:
@@ -128,6 +128,29 @@ def fit_behind(builds: list) -> BehindCost | None:
     return float(coef[0]), float(coef[1])
 
 
+def load_reference(paths: list[str]) -> float | None:
+    """The fit runs' speed reference (`model.reference`; each bench ttft run times it before
+    and after its requests): the mean over the runs, or None when a run predates it."""
+    values = []
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            ref = (json.load(fh).get("summary") or {}).get("reference_ms")
+        if not ref:
+            return None
+        values += list(ref)
+    return float(np.mean(values)) if values else None
+
+
+def speed_scale(cell: Mapping[str, Any], fit_reference_ms: float | None) -> float:
+    """How much slower the machine ran a cell than the fit run: the cell's reference pass
+    (its instances', timed one at a time before the cell) over the fit run's. 1 when either
+    was not timed (runs recorded before 2026-12-04)."""
+    ref = cell.get("reference_ms")
+    if not ref or not fit_reference_ms:
+        return 1.0
+    return float(np.median(ref)) / fit_reference_ms
+
+
 def load_chunk_builds(paths: list[str]) -> list:
     """The `chunk_builds` of bench ttft JSONs (runs recorded before it have none)."""
     out = []
@@ -154,8 +177,8 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
                   instances: int, policy: str, routing: str = "replay",
                   overhead_ms: float = 0.0,
                   busy_slowdown: float | Mapping[str, float] = 1.0,
-                  cores: float | None = None, behind_cost: BehindCost | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, bool]:
+                  cores: float | None = None, behind_cost: BehindCost | None = None,
+                  scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed).
 
@@ -167,12 +190,15 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
     exact user side) runs on its instance's builder thread, one job at a time, beside the
     engine; with more busy threads than cores each gets cores/threads of one. None: behind
     work is left out (the model before it was recorded). `behind_cost`: `behind_ms`'s price of
-    a job."""
+    a job. `scale`: every engine and behind time is multiplied by it (`speed_scale`: the
+    machine's speed during the cell against the fit run's)."""
     own = routing == "policy" and policy in ("load-only", "round-robin")
-    jobs = [(at_s * 1e3, service_ms(profile, r.get("method") or "rcllm",
-                                    r["recomputed_tokens"], r["context_tokens"], overhead_ms),
+    jobs = [(at_s * 1e3, scale * service_ms(profile, r.get("method") or "rcllm",
+                                            r["recomputed_tokens"], r["context_tokens"],
+                                            overhead_ms),
              int(r["instance"]) % instances,
-             [behind_ms(profile, n, ctx, behind_cost) for n, ctx in r.get("behind_tokens", [])]
+             [scale * behind_ms(profile, n, ctx, behind_cost)
+              for n, ctx in r.get("behind_tokens", [])]
              if cores else [],
              slowdown_of(busy_slowdown, r.get("method") or "rcllm"))
             for at_s, r in zip(arrivals_s, requests) if r["status"] == 200]
@@ -247,11 +273,13 @@ def _rel(pred: float, meas: float) -> float:
 
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
                   overhead_ms: float = 0.0, busy_slowdown: float | Mapping[str, float] = 1.0,
-                  behind: bool = True, behind_cost: BehindCost | None = None
-                  ) -> tuple[list[dict], dict]:
+                  behind: bool = True, behind_cost: BehindCost | None = None,
+                  fit_reference_ms: float | None = None) -> tuple[list[dict], dict]:
     """Rows (one per cell: measured vs predicted P50/P99) and a summary. `behind`: model the
     work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
-    where the sweep recorded it, each job priced by `behind_cost` (`fit_behind`) when given."""
+    where the sweep recorded it, each job priced by `behind_cost` (`fit_behind`) when given.
+    `fit_reference_ms`: the fit run's speed reference (`load_reference`); each cell's times
+    are scaled by its own reference over it (`speed_scale`). None: unscaled."""
     recorded = any("behind_tokens" in r for c in sweep["cells"] for r in c["requests"])
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
@@ -259,11 +287,12 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     capacity = sweep.get("capacity_rps")
     rows, predicted = [], []
     for c in sweep["cells"]:
+        scale = speed_scale(c, fit_reference_ms)
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
                                        routing, overhead_ms, busy_slowdown, cores,
-                                       behind_cost)
+                                       behind_cost, scale)
         ok = [r for r in c["requests"] if r["status"] == 200]
-        work = [sum(behind_ms(profile, n, ctx, behind_cost)
+        work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
                     for n, ctx in r.get("behind_tokens", []))
                 for r in ok]
         if not len(ttft):
@@ -282,7 +311,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                      # the CPU the engine thread used: below the engine time = waiting for a core
                      "measured_engine_cpu_p50_ms": float(np.median(cpu)) if cpu else None,
                      "predicted_service_p50_ms": float(np.percentile(svc, 50)),
-                     "behind_ms_per_request": float(np.mean(work)) if recorded else None})
+                     "behind_ms_per_request": float(np.mean(work)) if recorded else None,
+                     "speed_scale": scale})
         predicted.append({"rate_rps": c["rate_rps"], "method": c["method"],
                           "policy": c["policy"], "ttft_p50_ms": p50, "ttft_p99_ms": p99})
     below = [r for r in rows if r["below_capacity"]]
@@ -309,6 +339,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                "behind_cores": cores, "behind_recorded": recorded,
                # [fixed ms, ms per token] fitted on timed builds; None: priced as forward passes
                "behind_cost": list(behind_cost) if behind_cost else None,
+               # the fit run's reference pass (ms); None: cells not scaled to the fit's speed
+               "fit_reference_ms": fit_reference_ms,
                "predicted": predicted}
     return rows, summary
 
