@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rcllm.routing.validate import combine_repeats, load_bench_requests  # noqa: E402
+from rcllm.routing.validate import merged_records  # noqa: E402
+from rcllm.sim.served import load_fit_extras  # noqa: E402
 
 
 def main() -> int:
@@ -30,8 +31,7 @@ def main() -> int:
     args = p.parse_args()
     if Path(args.out).exists():
         sys.exit(f"{args.out} exists: not overwritten (remove it first)")
-    merged = [r for r in combine_repeats([load_bench_requests(x) for x in args.runs])
-              if r.get("repeats", 0) >= args.min_repeats]
+    merged = merged_records(args.runs, args.min_repeats)
     if not merged:
         sys.exit(f"no request was measured {args.min_repeats} times")
     index = {u: f"r{k}" for k, u in enumerate(dict.fromkeys(r["user_id"] for r in merged))}
@@ -45,8 +45,12 @@ def main() -> int:
         "recorded_with": args.recorded_with, "commit": commit, "machine": args.machine,
         "note": f"per-request records only; per request and variant the fastest of "
                 f"{len(args.runs)} runs (measured {args.min_repeats} times); user ids "
-                "replaced by request indices"}, "rows": [], "summary": {},
-        "requests": records}
+                "replaced by request indices"}, "rows": [], "requests": records}
+    # what `rcllm sim sweep` reads beside the requests: every run's timed chunk builds and the
+    # runs' mean speed reference (absent from runs recorded before they existed)
+    builds, reference = load_fit_extras(args.runs)
+    report["summary"] = {"chunk_builds": builds,
+                         "reference_ms": [] if reference is None else [reference]}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"{args.out}: {len(records)} records of {len(index)} requests")
     return 0

@@ -296,5 +296,37 @@ def test_each_cell_is_scaled_to_the_machines_speed_by_the_reference_pass(tmp_pat
         assert report["summary"]["fit_reference_ms"] == (None if extra else 100.0)
     # a fit run recorded before the reference existed leaves every cell unscaled
     fit.write_text(json.dumps({"summary": {"requests": _fit_records(np.random.default_rng(1))}}))
-    assert served.load_reference([str(fit)]) is None
+    assert served.load_fit_extras([str(fit)]) == ([], None)
 
+
+
+def test_merged_recorded_runs_keep_what_sim_sweep_reads_beside_the_requests(tmp_path):
+    """scripts/merge_bench_runs.py: per request and variant the fastest of the runs that all
+    measured it, user ids replaced, and the runs' timed chunk builds and mean speed reference
+    kept for `rcllm sim sweep`; an existing output is never overwritten."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = pathlib.Path(__file__).parents[2] / "scripts" / "merge_bench_runs.py"
+    runs = []
+    for k, ms in enumerate((110.0, 100.0)):
+        recs = [{**r, "user_id": f"u{i}", "variant": r["method"], "ttft_ms": r["ttft_ms"] + ms}
+                for i, r in enumerate(_fit_records(np.random.default_rng(0))[:3])]
+        path = tmp_path / f"run{k}.json"
+        path.write_text(json.dumps({"summary": {"requests": recs[:3 - k],
+                                                "chunk_builds": [[16, 40, 90.0 + k]],
+                                                "reference_ms": [400.0 + 10 * k]}}))
+        runs.append(str(path))
+    out = tmp_path / "merged.json"
+    cmd = [sys.executable, str(script), str(out), *runs, "--min-repeats", "2",
+           "--recorded-with", "test", "--machine", "test"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    data = json.loads(out.read_text())
+    assert [r["user_id"] for r in data["requests"]] == ["r0", "r1"]   # u2: measured once
+    first = _fit_records(np.random.default_rng(0))[0]["ttft_ms"]
+    assert data["requests"][0]["ttft_ms"] == pytest.approx(first + 100.0) and \
+        data["requests"][0]["repeats"] == 2
+    assert served.load_fit_extras([str(out)]) == ([[16, 40, 90.0], [16, 40, 91.0]], 405.0)
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode != 0 and "not overwritten" in again.stderr

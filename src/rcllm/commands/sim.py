@@ -76,10 +76,9 @@ def _run(args) -> int:
 def _load_runs(paths: str, min_repeats: int) -> list[dict]:
     """bench ttft records of comma-separated repeated runs, merged (the fastest per request
     and variant), kept when measured in at least `min_repeats` runs."""
-    from ..routing.validate import combine_repeats, load_bench_requests
+    from ..routing.validate import merged_records
 
-    merged = combine_repeats([load_bench_requests(p) for p in paths.split(",") if p])
-    kept = [r for r in merged if r.get("repeats", 1) >= min_repeats]
+    kept = merged_records([p for p in paths.split(",") if p], min_repeats)
     if not kept:
         raise RcllmError(f"no record of {paths} was measured in {min_repeats} runs")
     return kept
@@ -115,15 +114,15 @@ def _validate(args) -> int:
 
 
 def _sweep(args) -> int:
-    from ..sim.served import (fit_behind, fit_profile, load_chunk_builds, load_reference,
-                              load_sweep, predict_sweep, write_outputs)
+    from ..sim.served import (fit_behind, fit_profile, load_fit_extras, load_sweep,
+                              predict_sweep, write_outputs)
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
     fit_paths = [p for p in args.fit_json.split(",") if p]
-    builds = load_chunk_builds(fit_paths)
+    builds, reference = load_fit_extras(fit_paths)
     cost = fit_behind(builds)
-    reference = None if args.no_speed_reference else load_reference(fit_paths)
+    reference = None if args.no_speed_reference else reference
     if args.busy_slowdown <= 0:
         raise RcllmError("--busy-slowdown must be > 0")
     slowdown, pairs = args.busy_slowdown, None

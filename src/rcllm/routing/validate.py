@@ -59,6 +59,13 @@ def load_bench_requests(path: str) -> list[dict[str, Any]]:
     return reqs
 
 
+def merged_records(paths: list[str], min_repeats: int) -> list[dict[str, Any]]:
+    """The records of repeated bench runs of the same requests (`combine_repeats`), kept when
+    measured in at least `min_repeats` of them (a record without repeats counts once)."""
+    merged = combine_repeats([load_bench_requests(p) for p in paths])
+    return [r for r in merged if r.get("repeats", 1) >= min_repeats]
+
+
 def combine_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Records of repeated runs of the same requests, merged: per (user_id, variant) the
     record with the smallest TTFT (the run least disturbed by other work on the machine), with

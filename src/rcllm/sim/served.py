@@ -128,19 +128,6 @@ def fit_behind(builds: list) -> BehindCost | None:
     return float(coef[0]), float(coef[1])
 
 
-def load_reference(paths: list[str]) -> float | None:
-    """The fit runs' speed reference (`model.reference`; each bench ttft run times it before
-    and after its requests): the mean over the runs, or None when a run predates it."""
-    values = []
-    for path in paths:
-        with open(path, encoding="utf-8") as fh:
-            ref = (json.load(fh).get("summary") or {}).get("reference_ms")
-        if not ref:
-            return None
-        values += list(ref)
-    return float(np.mean(values)) if values else None
-
-
 def speed_scale(cell: Mapping[str, Any], fit_reference_ms: float | None) -> float:
     """How much slower the machine ran a cell than the fit run: the cell's reference pass
     (its instances', timed one at a time before the cell) over the fit run's. 1 when either
@@ -151,14 +138,19 @@ def speed_scale(cell: Mapping[str, Any], fit_reference_ms: float | None) -> floa
     return float(np.median(ref)) / fit_reference_ms
 
 
-def load_chunk_builds(paths: list[str]) -> list:
-    """The `chunk_builds` of bench ttft JSONs (runs recorded before it have none)."""
-    out = []
+def load_fit_extras(paths: list[str]) -> tuple[list, float | None]:
+    """What a fit run's summary says besides its requests, each file read once: the chunk
+    builds it timed (`chunk_builds`, [computed, context, ms] each; none in runs recorded before
+    they were) and its speed reference (`reference_ms`, the mean of every run's passes; None
+    when a run predates it)."""
+    builds, refs, every = [], [], True
     for path in paths:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        out += (data.get("summary") or {}).get("chunk_builds") or []
-    return out
+            summary = json.load(fh).get("summary") or {}
+        builds += summary.get("chunk_builds") or []
+        refs += summary.get("reference_ms") or []
+        every = every and bool(summary.get("reference_ms"))
+    return builds, (float(np.mean(refs)) if every and refs else None)
 
 
 def behind_ms(profile: SpeedProfile, computed: float, context: float,
@@ -278,7 +270,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     """Rows (one per cell: measured vs predicted P50/P99) and a summary. `behind`: model the
     work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
     where the sweep recorded it, each job priced by `behind_cost` (`fit_behind`) when given.
-    `fit_reference_ms`: the fit run's speed reference (`load_reference`); each cell's times
+    `fit_reference_ms`: the fit run's speed reference (`load_fit_extras`); each cell's times
     are scaled by its own reference over it (`speed_scale`). None: unscaled."""
     recorded = any("behind_tokens" in r for c in sweep["cells"] for r in c["requests"])
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
