@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -30,6 +31,9 @@ def cluster(tiny_model_dir):
 def test_two_instances_rank_and_share_catalog_updates(cluster, rank_bodies):
     url, backend = cluster
     assert all(i.alive for i in backend.instances) and len(backend.instances) == 2
+    # the engines run at the server's priority, not Ray's default nice 15 for workers (which
+    # starved them whenever another job shared the cores)
+    assert backend.niceness() == [os.nice(0)] * 2
     # requests are priced with a profile fitted to the served (tiny, 3-layer) model
     assert backend.profile.name.endswith("@calibrated")
     assert backend.profile.model.num_layers == 3 and backend.cost.profile is backend.profile

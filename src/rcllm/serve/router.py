@@ -53,6 +53,12 @@ class RayBackend:
         if self._owns_ray:
             local = {} if address else {"num_cpus": os.cpu_count() or 2,
                                         "object_store_memory": object_store_bytes}
+            if not address:
+                # Ray runs its workers at nice 15 by default: the engines would then get ~3%
+                # of a core beside any ordinary process (the router in this process, a
+                # client, another job), and a busy machine starves the answers. The engines
+                # are the service, so they run at this process's priority.
+                local["_system_config"] = {"worker_niceness": 0}
             ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
         self.queue_size = queue_size
         actor = ray.remote(num_cpus=0, max_concurrency=queue_size + 2, max_restarts=0)(Instance)
@@ -329,6 +335,11 @@ class RayBackend:
 
     def ready(self) -> bool:
         return any(i.usable for i in self.instances)
+
+    def niceness(self) -> list[int]:
+        """Each instance's scheduling priority (nice value; this process's unless Ray was
+        started elsewhere with its default of 15 for workers)."""
+        return [p["niceness"] for p in self._ray.get([a.ping.remote() for a in self.actors])]
 
     def pids(self) -> list[int]:
         """The process id of each instance actor (for RSS sampling by `bench serve`)."""
