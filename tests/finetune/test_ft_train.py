@@ -47,7 +47,9 @@ def test_joint_path_overfits_a_handful_of_prompts(tiny_ft_config, fav_dataset, t
     """Before blaming the model: four prompts of four users that show the same candidates in
     the same order, each with another target, can only be told apart through the user; the
     joint path drives both cross-entropies from ln 4 to a fraction of it. (The tiny model's
-    random weights make the descent noisy: the real model's run is in docs/finetune.md.)"""
+    random weights make the descent noisy and its length depends on the CPU's arithmetic: on
+    an AMD EPYC it first reached the plateau (~0.045) after ~200 steps, bouncing up to ln 2.9
+    before; 400 steps leave a margin. The real model's run is in docs/finetune.md.)"""
     import math
 
     from rcllm.finetune.data import Draw
@@ -64,7 +66,7 @@ def test_joint_path_overfits_a_handful_of_prompts(tiny_ft_config, fav_dataset, t
     cands = tuple(ex.target for ex in examples)
     draws = [Draw(ex, cands, k) for k, ex in enumerate(examples)]
     t.stream.draw = lambda i: draws[i]
-    rows = t.overfit(len(draws), 150)
+    rows = t.overfit(len(draws), 400)
     assert rows[0]["ce_full"] > 0.9 * math.log(4) and rows[0]["ce_reuse"] > 0.9 * math.log(4)
     late = rows[-20:]
     assert min(r["ce_full"] for r in late) < 0.25 * math.log(4), late
