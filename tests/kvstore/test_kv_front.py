@@ -231,3 +231,31 @@ def test_the_exact_user_side_is_built_behind_the_answer(tiny_model_dir):
     assert engine.user_prefixes.latest(case.user_id).exact
     assert engine.rank(req, "naive", user_side="behind").stats["user_prefix"] == "hit"
     close_store(engine.store)
+
+
+def test_writes_still_queued_for_a_lower_tier_are_counted_and_waited_for(tmp_path, check):
+    """Under load a build can finish (build_queue 0) while its write to the shared tier is
+    still queued: another instance would miss it. tier_stats' `all` row counts those writes
+    (`write_pending`) and the bench's wait_for_builds waits for them too."""
+    from rcllm.serve.phases import wait_for_builds
+
+    gate = threading.Event()
+
+    class Slow(DiskStore):
+        def put(self, key, value):
+            gate.wait()
+            super().put(key, value)
+
+    front = StoreFront(TieredStore(MemoryLRUStore(1 << 20), [Slow(tmp_path, check=check)]))
+    key, kv = make_entry(3)
+    front.build_behind(key, "item", lambda: kv)
+    deadline = time.monotonic() + 10
+    while front.stats()["build_queue"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    row = tier_stats(front)["all"]
+    assert row["build_queue"] == 0 and row["write_pending"] == 1
+    assert not wait_for_builds(lambda: tier_stats(front), timeout_s=0.3)
+    gate.set()
+    assert wait_for_builds(lambda: tier_stats(front), timeout_s=10)
+    assert tier_stats(front)["all"]["write_pending"] == 0
+    close_store(front)

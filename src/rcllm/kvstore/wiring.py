@@ -81,7 +81,8 @@ def tier_stats(store) -> dict[str, dict[str, float]]:
     partitioned memory tier, disk, redis; a repeated name gets -<n>): its counters, bytes,
     entries, get/put latency histogram (`latency.TierLatency.row`) and, for the disk tier,
     `kind_{hits,puts,bytes}:<kind>`. A StoreFront adds the row `all` (`StoreFront.stats`:
-    hits and misses per chunk kind, the build-behind counters, the whole lookup's latency)."""
+    hits and misses per chunk kind, the build-behind counters, the whole lookup's latency; over
+    a TieredStore also `write_pending`, the entries whose lower-tier writes are still queued)."""
     out: dict[str, dict[str, float]] = {}
 
     def add(name: str, tier) -> None:
@@ -108,6 +109,9 @@ def tier_stats(store) -> dict[str, dict[str, float]]:
             for kind, part in s.partitions.items():
                 walk(part, f"{name}-{kind}")
         elif hasattr(s, "memory") and hasattr(s, "lower"):     # TieredStore
+            if FRONT in out:   # entries stored but not yet written to the lower tiers
+                row = out[FRONT]
+                row["write_pending"] = row.get("write_pending", 0) + s.stats()["pending"]
             walk(s.memory, "memory")
             for tier in s.lower:
                 walk(tier, "disk" if hasattr(tier, "slot") else

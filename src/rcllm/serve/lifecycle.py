@@ -25,6 +25,15 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def _stop(signum: int, _frame) -> None:
+    if signum == signal.SIGHUP and signal.getsignal(signal.SIGTERM) not in (_stop, signal.SIG_IGN):
+        # another handler owns SIGTERM (uvicorn's, while it serves): SIGHUP takes SIGTERM's
+        # path, a graceful shutdown and then SIGTERM under this handler. A SystemExit raised
+        # here could land in code that swallows it, and the server would serve on with both
+        # signals ignored (the suspected cause of one CI hang on a loaded machine: SIGHUP,
+        # no exit in 120 s)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.raise_signal(signal.SIGTERM)
+        return
     for sig in STOP_SIGNALS:          # stopping now: a second signal must not cut it short
         signal.signal(sig, signal.SIG_IGN)
     raise SystemExit(128 + signum)

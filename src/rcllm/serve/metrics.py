@@ -96,6 +96,9 @@ class StoreCollector:
                                           f"request: {name}", value=front.get(f"build_{name}", 0))
             yield GaugeMetricFamily("rcllm_kv_build_queue", "chunk builds waiting or running",
                                     value=front.get("build_queue", 0))
+            yield GaugeMetricFamily("rcllm_kv_write_pending", "stored entries whose lower-tier "
+                                    "(disk, Redis) writes are still queued",
+                                    value=front.get("write_pending", 0))
         yield from self._cache_kinds(rows)
 
     def _cache_kinds(self, rows):

@@ -163,11 +163,14 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
 
 def wait_for_builds(store_stats, timeout_s: float = 120.0) -> bool:
     """Blocks until no instance has chunk builds queued or running (the misses of the
-    requests answered so far are built behind their answers, kvstore/front.py), so the next
-    phase finds them; False when `timeout_s` passed first."""
+    requests answered so far are built behind their answers, kvstore/front.py) nor writes to
+    the lower tiers queued (write-behind: until written, another instance cannot find the
+    entry in the shared Redis tier), so the next phase finds them; False when `timeout_s`
+    passed first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if store_stats().get("all", {}).get("build_queue", 0) == 0:
+        front = store_stats().get("all", {})
+        if front.get("build_queue", 0) == 0 and front.get("write_pending", 0) == 0:
             return True
         time.sleep(0.1)
     return False
