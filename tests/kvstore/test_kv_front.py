@@ -236,8 +236,8 @@ def test_the_exact_user_side_is_built_behind_the_answer(tiny_model_dir):
 def test_writes_still_queued_for_a_lower_tier_are_counted_and_waited_for(tmp_path, check):
     """Under load a build can finish (build_queue 0) while its write to the shared tier is
     still queued: another instance would miss it. tier_stats' `all` row counts those writes
-    (`write_pending`) and the bench's wait_for_builds waits for them too."""
-    from rcllm.serve.phases import wait_for_builds
+    (`write_pending`) and the bench's wait_until_stored waits for them too."""
+    from rcllm.serve.phases import wait_until_stored
 
     gate = threading.Event()
 
@@ -254,8 +254,8 @@ def test_writes_still_queued_for_a_lower_tier_are_counted_and_waited_for(tmp_pat
         time.sleep(0.01)
     row = tier_stats(front)["all"]
     assert row["build_queue"] == 0 and row["write_pending"] == 1
-    assert not wait_for_builds(lambda: tier_stats(front), timeout_s=0.3)
+    assert not wait_until_stored(lambda: tier_stats(front), timeout_s=0.3)
     gate.set()
-    assert wait_for_builds(lambda: tier_stats(front), timeout_s=10)
+    assert wait_until_stored(lambda: tier_stats(front), timeout_s=10)
     assert tier_stats(front)["all"]["write_pending"] == 0
     close_store(front)

@@ -196,7 +196,7 @@ def _waves(url: str, bodies: list[dict], size: int) -> dict:
 def _warm_up(url: str, backend, trace, series, rates, wave: int):
     """The warm-up (every trace body once, then each series' first requests, off the books)
     and, when a rate is relative, the capacity probe: (warm-up summary, capacity rps | None)."""
-    from ..serve.phases import _redated, wait_for_builds
+    from ..serve.phases import _redated, wait_until_stored
 
     warm_fields = parse_method(POLICY_METHOD)[1]
     warm = _waves(url, [{**b, **warm_fields} for b in trace.bodies], wave)
@@ -204,7 +204,7 @@ def _warm_up(url: str, backend, trace, series, rates, wave: int):
     first = trace.bodies[:wave]
     for s in series:
         _waves(url, [s.body(b) for b in _redated(first, -1)], wave)
-    wait_for_builds(backend.store_stats)
+    wait_until_stored(backend.store_stats)
     capacity = None
     if any(rel for _v, rel in rates):
         probe = _waves(url, [{**b, "method": "prefix"} for b in trace.bodies], wave)
@@ -212,7 +212,7 @@ def _warm_up(url: str, backend, trace, series, rates, wave: int):
         if not engine_ms:
             raise RcllmError("the capacity probe got no answer")
         capacity = wave * 1e3 / float(np.mean(engine_ms))
-        wait_for_builds(backend.store_stats)
+        wait_until_stored(backend.store_stats)
     return warm, capacity
 
 
@@ -221,7 +221,7 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     trace dated `day` days later (no earlier cell's cache entry matches), then drained."""
     from ..routing import routing_policy
     from ..serve.loadgen import run_load
-    from ..serve.phases import _redated, wait_for_builds
+    from ..serve.phases import _redated, wait_until_stored
     from ..serve.views import UserResidency
 
     value, rel, rate, arrivals = at
@@ -234,7 +234,7 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     reference = backend.speed_reference()
     load_before = os.getloadavg()[0]
     res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True)
-    drained = wait_for_builds(backend.store_stats)
+    drained = wait_until_stored(backend.store_stats)
     cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),

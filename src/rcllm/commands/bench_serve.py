@@ -188,7 +188,7 @@ def _config_rows(args, conf: str, bodies: list[dict], warm: int, redis) -> list[
             # steady measures the cache after warm-up: the warm-up's misses are built
             # behind its answers, so wait for them (on a busy machine they were not
             # all built yet when steady began, and it missed)
-            phases.wait_for_builds(backend.store_stats)
+            phases.wait_until_stored(backend.store_stats)
         for phase, res in _phases(args, backend, running.url, bodies, redis):
             rows.append({"config": f"{k} x {policy}", "phase": phase,
                          "start_s": start_s, **res})

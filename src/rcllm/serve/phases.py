@@ -152,7 +152,7 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
     time.sleep(retry_after_s + 0.2)     # the circuit breaker closes again
     again = run_load(url, _redated(bodies[-max(1, len(bodies) // 3):], 1), qps)
     res["after_restart"] = {k: again[k] for k in ("sent", "ok", "statuses", "failed")}
-    wait_for_builds(store_stats)
+    wait_until_stored(store_stats)
     time.sleep(1.0)     # write-behind of the last requests
     end = tier("redis")
     res["redis_errors"] = end.get("errors", 0) - at_kill.get("errors", 0)
@@ -161,7 +161,7 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
     return res
 
 
-def wait_for_builds(store_stats, timeout_s: float = 120.0) -> bool:
+def wait_until_stored(store_stats, timeout_s: float = 120.0) -> bool:
     """Blocks until no instance has chunk builds queued or running (the misses of the
     requests answered so far are built behind their answers, kvstore/front.py) nor writes to
     the lower tiers queued (write-behind: until written, another instance cannot find the
