@@ -38,31 +38,29 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 from ..errors import RcllmError
 from ..model.loading import LoadedModel, cache_root
 from ..prompt.builder import PROMPT_VERSION, PromptBuilder, RankRequest
 from ..records import Dataset, UserId
 from . import curves
-from .adapter import check_prompt_version, read_adapter, read_manifest, save_adapter, write_atomic
+from .adapter import check_prompt_version, read_adapter, read_manifest, save_adapter
 from .config import FinetuneConfig
 from .data import Draw, dataset_digest, training_stream
 from .lora import Lora, LoraPatch, base_weights
 from .optim import AdamW, clip_grad_norm, lr_at
 from .overfit import overfit as run_overfit
 from .paths import PathScorer, PathScores
+from .state import CHECKPOINT, TrainState, load_checkpoint, save_best, save_checkpoint
 from .validate import validate, validation_cases
 
 log = logging.getLogger(__name__)
-CHECKPOINT = "checkpoint"
-BEST = "best.safetensors"  # in CHECKPOINT: the factors of the best validation so far
 
 
 def run_key(base_fingerprint: str, data_digest: str, cfg: FinetuneConfig,
@@ -74,22 +72,6 @@ def run_key(base_fingerprint: str, data_digest: str, cfg: FinetuneConfig,
 
 def adapter_folder(cfg: FinetuneConfig, key: str) -> Path:
     return cache_root(cfg.model) / "adapters" / key
-
-
-@dataclass
-class TrainState:
-    """What a checkpoint restores besides tensors (JSON)."""
-
-    step: int = 0                                      # optimiser steps completed
-    train: list[dict] = field(default_factory=list)    # per step: means over its prompts
-    val: list[dict] = field(default_factory=list)      # per validation (validate.validate)
-    best_step: int | None = None                       # step of the kept (best) weights
-    best_score: float = -math.inf                      # its validation NDCG@10 (paths' mean)
-    since_best: int = 0                                # validations since it
-    stopped_early: bool = False
-    elapsed_s: float = 0.0                             # training time over all sessions
-    prompts: int = 0                                   # training prompts scored
-    val_s: float = 0.0                                 # of elapsed_s, spent validating
 
 
 class Trainer:
@@ -260,7 +242,7 @@ class Trainer:
             self.state.best_score, self.state.best_step, self.state.since_best = (
                 row["score"], self.state.step, 0)
             self.best = {k: v.detach().clone() for k, v in self.lora.factors.items()}
-            self._save_best()
+            save_best(self.folder, self.best)
         else:
             self.state.since_best += 1
         self.state.val_s += time.perf_counter() - start
@@ -272,39 +254,14 @@ class Trainer:
         return run_overfit(self, examples, steps, progress)
 
     # ---- checkpoints ------------------------------------------------------------------------
-    def _save_best(self) -> None:
-        write_atomic(self.folder / CHECKPOINT / BEST, lambda tmp: save_file(
-            {k: v.contiguous().cpu() for k, v in self.best.items()}, tmp))
-
     def save_checkpoint(self) -> None:
-        ck = self.folder / CHECKPOINT
-        tensors = {**{k: v.detach() for k, v in self.lora.factors.items()},
-                   **self.opt.state_tensors()}
-        write_atomic(ck / "state.safetensors", lambda tmp: save_file(
-            {k: v.contiguous().cpu() for k, v in tensors.items()}, tmp))
-        meta = {"key": self.key, "adam_t": self.opt.t, **asdict(self.state)}
-        write_atomic(ck / "state.json", lambda tmp: Path(tmp).write_text(json.dumps(meta)))
+        save_checkpoint(self.folder, self.key, self.lora.factors, self.opt, self.state)
 
     def try_resume(self) -> bool:
-        ck = self.folder / CHECKPOINT
-        if not (ck / "state.json").is_file():
-            return False
-        try:
-            meta = json.loads((ck / "state.json").read_text())
-            tensors = load_file(str(ck / "state.safetensors"))
-            best = load_file(str(ck / BEST)) if meta.get("best_step") is not None else None
-        except (OSError, ValueError) as exc:
-            raise RcllmError(f"checkpoint in {ck} is unreadable ({exc}); re-run with --fresh") from None
-        if meta.get("key") != self.key:
-            raise RcllmError(f"checkpoint in {ck} belongs to another run; re-run with --fresh")
-        with torch.no_grad():
-            for k, p in self.lora.factors.items():
-                p.copy_(tensors[k])
-        self.opt.load_state(tensors, int(meta.pop("adam_t")))
-        meta.pop("key")
-        self.state = TrainState(**meta)
-        self.best = best
-        return True
+        found = load_checkpoint(self.folder, self.key, self.lora.factors, self.opt)
+        if found is not None:
+            self.state, self.best = found
+        return found is not None
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self, progress: bool = True, stop_after: int | None = None) -> Path | None:
