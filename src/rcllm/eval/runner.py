@@ -56,8 +56,8 @@ def _fidelity(ref, res, ref_scores, scores) -> dict:
     """KL of the next-token distribution and cosine of the final hidden state against full;
     with the pointwise scorer the KL is that of each candidate's yes/no distribution, averaged
     over the candidates, and the cosine is taken over all candidates' hidden states."""
-    kl = float(np.mean(M.kl_from_logits(_per_item(ref, ref.logits).double().numpy(),
-                                        _per_item(res, res.logits).double().numpy())))
+    kl = float(np.mean(M.kl_from_logits(_per_item(ref, ref.logits).double().cpu().numpy(),
+                                        _per_item(res, res.logits).double().cpu().numpy())))
     cos = float(torch.nn.functional.cosine_similarity(
         _per_item(ref, ref.hidden).flatten(), _per_item(res, res.hidden).flatten(), dim=0))
     return {**_ranking_fidelity(ref_scores, scores), "kl_vs_full": kl,

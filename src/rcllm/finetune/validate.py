@@ -43,7 +43,7 @@ def validate(score: Callable[[EvalCase], dict[str, torch.Tensor]], cases: Sequen
     for case in tqdm(cases, desc="validation", unit="user", disable=not progress, leave=False):
         target = case.target_index
         for path, s in score(case).items():
-            s = s.float()
+            s = s.float().cpu()  # scores may live on the model's device (cuda)
             ce = float(F.cross_entropy(s.unsqueeze(0), torch.tensor([target])))
             vals = {"ndcg10": ndcg(s.numpy(), target, 10), "ce": ce,
                     "top1": float(int(s.argmax()) == target)}
