@@ -160,10 +160,14 @@ class PromptBuilder:
 
     def item_chunk(self, item_id: ItemId) -> tuple[int, ...]:
         """" <title>. <description>" cut to fit, then " | <tag>" (`item_tag`, at most
-        ITEM_TAG_TOKENS tokens and half the limit): at most `max_item_tokens` ids."""
+        ITEM_TAG_TOKENS tokens and half the limit): at most `max_item_tokens` ids.
+        `prompt.item_ending=text`: the text alone, cut at the limit (prompt version 1)."""
         key = ("item", item_id)
         if key not in self._chunk_cache:
             item, limit = self.catalog[item_id], self.cfg.max_item_tokens
+            if self.cfg.item_ending == "text":
+                self._chunk_cache[key] = self._encode(" " + item_text(item))[:limit]
+                return self._chunk_cache[key]
             tag = self._encode(" | " + item_tag(item))[: 1 + min(ITEM_TAG_TOKENS, limit // 2)]
             body = self._encode(" " + item_text(item))[: max(1, limit - len(tag))]
             self._chunk_cache[key] = (body + tag)[:limit]

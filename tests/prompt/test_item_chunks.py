@@ -1,0 +1,69 @@
+"""Item chunks: what they end in (`prompt.item_ending`), and that an adapter's ending is adopted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rcllm.config import PromptConfig, RcllmConfig
+from rcllm.errors import RcllmError
+from rcllm.prompt.builder import PromptBuilder, item_tag, item_text
+from rcllm.records import Item
+
+ITEMS = {"m1": Item("m1", "Condé Nast — The New Yorker", "Weekly magazine of reporting, "
+                    "commentary, criticism, fiction, satire, cartoons and poetry."),
+         "f1": Item("f1", "Heat (1995)", "")}
+
+
+def _builder(real_model, **prompt) -> PromptBuilder:
+    return PromptBuilder(real_model.tokenizer, ITEMS, PromptConfig(**prompt), 4096)
+
+
+def test_item_tag_drops_publisher_and_year():
+    assert item_tag(ITEMS["m1"]) == "The New Yorker"
+    assert item_tag(ITEMS["f1"]) == "Heat"
+
+
+def test_name_ending_ends_in_the_item_name(real_model):
+    b = _builder(real_model, max_item_tokens=16)
+    enc = b._encode
+    ids = b.item_chunk("m1")
+    tag = enc(" | The New Yorker")
+    assert len(ids) <= 16 and ids[-len(tag):] == tag
+    assert ids[: -len(tag)] == enc(" " + item_text(ITEMS["m1"]))[: 16 - len(tag)]
+
+
+def test_text_ending_is_the_text_cut_at_the_limit(real_model):
+    b = _builder(real_model, max_item_tokens=16, item_ending="text")
+    ids = b.item_chunk("m1")
+    assert ids == b._encode(" " + item_text(ITEMS["m1"]))[:16]
+    assert b._encode(" | The New Yorker")[-1] not in ids[-3:]   # no name at the end
+    assert b.item_chunk("f1") == b._encode(" Heat (1995)")       # short text: whole
+
+
+def test_bad_ending_is_refused():
+    with pytest.raises(RcllmError, match="item_ending"):
+        PromptConfig(item_ending="title").validate()
+
+
+def test_adapter_ending_is_adopted(tmp_path):
+    """An adapter trained with item_ending=text is evaluated and served on its own chunks;
+    manifests from before the field mean the name ending."""
+    from rcllm.finetune.adapter import eval_settings
+    from rcllm.config import PROMPT_VERSION
+    from rcllm.model.adapter_file import FORMAT
+
+    def manifest(prompt: dict) -> str:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "adapter.json").write_text(json.dumps({
+            "format": FORMAT, "prompt_version": PROMPT_VERSION, "prompt": prompt,
+            "split": {"fractions": [0.8, 0.1, 0.1], "seed": 0}, "train": {}}))
+        return str(folder)
+
+    base = dict(max_candidates=20, history_window=5, max_review_tokens=32, max_item_tokens=16)
+    cfg, _, _ = eval_settings(RcllmConfig(), manifest({**base, "item_ending": "text"}))
+    assert cfg.prompt.item_ending == "text"
+    cfg, _, _ = eval_settings(RcllmConfig(), manifest(base))
+    assert cfg.prompt.item_ending == "name"
