@@ -19,8 +19,9 @@ def _measured(method, computed, context):
             + TRUE["reuse"][method] * (context - computed))
 
 
-def _bench_json(path, n=60, noise=0.03, seed=0):
-    """A file shaped like `rcllm bench ttft --json` output, from a known engine + noise."""
+def _bench_json(path, n=60, noise=0.03, seed=0, slower=1.0, reference=None):
+    """A file shaped like `rcllm bench ttft --json` output, from a known engine + noise, on a
+    machine `slower` times slower than the reference one (`reference`: its reference passes)."""
     rng = np.random.default_rng(seed)
     reqs = []
     for method in ("full", "prefix", "rcllm"):
@@ -28,15 +29,51 @@ def _bench_json(path, n=60, noise=0.03, seed=0):
             ctx = int(rng.integers(800, 3000))
             comp = {"full": ctx, "prefix": ctx - 200,
                     "rcllm": int(ctx * rng.uniform(0.3, 0.6))}[method]
-            ms = _measured(method, comp, ctx) * (1 + rng.normal(0, noise))
+            ms = _measured(method, comp, ctx) * (1 + rng.normal(0, noise)) * slower
             reqs.append({"method": method, "context_tokens": ctx, "recomputed_tokens": comp,
                          "reused_tokens": ctx - comp, "ttft_ms": ms})
     rows = [{"method": m, "ttft_p50_ms": float(np.median([r["ttft_ms"] for r in reqs
                                                           if r["method"] == m]))}
             for m in ("full", "prefix", "rcllm")]
+    summary = {"reference_ms": reference} if reference else {}
     path.write_text(json.dumps({"name": "bench.ttft", "config": {}, "rows": rows,
-                                "summary": {}, "requests": reqs}))
+                                "summary": summary, "requests": reqs}))
     return path
+
+
+def test_speed_reference_takes_a_slower_machine_out(tmp_path):
+    """A test run made while the machine ran 1.4x slower: its reference passes say so, and the
+    scaled validation predicts it as well as a run on the fit's machine; unscaled (or without
+    references) the slowdown reads as a 0.29 error."""
+    fit = load_bench_requests(str(_bench_json(tmp_path / "f.json", reference=[50.0, 52.0])))
+    slow = load_bench_requests(str(_bench_json(tmp_path / "s.json", seed=1, slower=1.4,
+                                               reference=[70.0, 72.8])))
+    assert {r["run_reference_ms"] for r in slow} == {71.4}
+    _, scaled = validate_transfer(fit, slow)
+    _, raw = validate_transfer(fit, slow, speed_reference=False)
+    assert scaled["speed_reference"] and not raw["speed_reference"]
+    assert scaled["worst_median_rel_err_joint_fit"] < 0.05
+    assert raw["worst_median_rel_err_joint_fit"] > 0.25
+    bare = load_bench_requests(str(_bench_json(tmp_path / "b.json", seed=1, slower=1.4)))
+    _, unknown = validate_transfer(fit, bare)   # a run without references: nothing scaled
+    assert not unknown["speed_reference"] and unknown["worst_median_rel_err_joint_fit"] > 0.25
+
+
+def test_repeats_merge_on_scaled_times(tmp_path):
+    """Of two runs of the same requests, the one on the faster machine wins the merge, not the
+    one whose raw times happen to be lower because the machine was slower in the other."""
+    from rcllm.routing.validate import merged_records
+
+    a = _bench_json(tmp_path / "a.json", n=4, noise=0.0, reference=[50.0, 50.0])
+    b = _bench_json(tmp_path / "b.json", n=4, noise=0.0, slower=1.1, reference=[60.0, 60.0])
+    for path in (a, b):   # the same requests need user ids to be merged
+        data = json.loads(path.read_text())
+        for i, r in enumerate(data["requests"]):
+            r["user_id"] = str(i)
+        path.write_text(json.dumps(data))
+    merged = merged_records([str(a), str(b)], min_repeats=2)
+    # b: raw 1.1x slower, but its machine was 1.2x slower: b's requests were the faster ones
+    assert len(merged) == 12 and {r["run_reference_ms"] for r in merged} == {60.0}
 
 
 def test_fit_recovers_exact_coefficients():

@@ -92,8 +92,11 @@ def _validate(args) -> int:
 
     test = load(args.bench_json)
     if args.fit_json:
-        rows, summary = validate_transfer(load(args.fit_json), test)
-        how = f"fitted on {args.fit_json}, tested on {args.bench_json}"
+        rows, summary = validate_transfer(load(args.fit_json), test,
+                                          speed_reference=not args.no_speed_reference)
+        how = (f"fitted on {args.fit_json}, tested on {args.bench_json}"
+               + (", times scaled by each run's speed reference" if summary["speed_reference"]
+                  else ""))
     else:
         rows, summary = validate(test, seed=args.seed)
         how = f"split-half of {args.bench_json} (seed {args.seed})"
@@ -109,6 +112,7 @@ def _validate(args) -> int:
         write_report(args.json, "sim.validate", {"bench_json": args.bench_json,
                                                  "fit_json": args.fit_json or None,
                                                  "min_repeats": args.min_repeats,
+                                                 "no_speed_reference": args.no_speed_reference,
                                                  "seed": args.seed}, rows, summary)
     return 0
 
@@ -263,6 +267,10 @@ def register(top, bench) -> None:
                      help="keep only requests measured in at least this many of the merged runs")
     val.add_argument("--json", default="", help="write the report here")
     val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--no-speed-reference", action="store_true",
+                     help="--fit-json: do not scale each run's times by its speed reference "
+                          "(bench ttft's reference passes; scaled by default when every run "
+                          "has them)")
     val.set_defaults(func=_validate)
     sw = sub.add_parser("sweep", help="predict a `rcllm bench serve --sweep` run cell by cell "
                                       "with a profile fitted on a separate `bench ttft` run")

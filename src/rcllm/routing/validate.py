@@ -20,6 +20,13 @@ the joint profile's *speedup over full on the same request* (predicted time of t
 predicted time of full, against the measured ratio; records are paired by `user_id`): it
 cancels the machine's speed at the moment the request ran, which on a shared machine drifts by
 tens of percent within one run while the methods of a request run back to back.
+
+Speed reference: `bench ttft` times a fixed forward pass before and after its requests
+(`summary.reference_ms`, `model.reference`). When every record of the fit and of the test runs
+carries its run's reference, each time is put in the units of the fit runs' median reference
+(`ttft_ms · R_fit / R_run`) before fitting and scoring, so a machine that was uniformly slower
+during one run is not read as a cost of that run's requests (the simulator's sweep prediction
+scales its cells the same way). Repeated runs are merged on the scaled times.
 """
 
 from __future__ import annotations
@@ -56,13 +63,33 @@ def load_bench_requests(path: str) -> list[dict[str, Any]]:
         missing = [k for k in REQUIRED if k not in r]
         if missing:
             raise RcllmError(f"{path}: request {i} lacks {', '.join(missing)}")
+    refs = (data.get("summary") or {}).get("reference_ms") or data.get("reference_ms")
+    if refs:  # the run's speed: the mean of its reference passes (before and after)
+        ref = float(np.mean(refs))
+        reqs = [{**r, "run_reference_ms": ref} for r in reqs]
     return reqs
+
+
+def reference_scaled(reqs: list[dict[str, Any]], unit_ms: float) -> list[dict[str, Any]]:
+    """The records with `ttft_ms` in units of `unit_ms` of reference time: ttft · unit / the
+    record's run reference (`ttft_raw_ms` keeps the measured value)."""
+    return [{**r, "ttft_raw_ms": r["ttft_ms"],
+             "ttft_ms": r["ttft_ms"] * unit_ms / r["run_reference_ms"]} for r in reqs]
+
+
+def has_reference(*runs: list[dict[str, Any]]) -> bool:
+    return all(r.get("run_reference_ms") for run in runs for r in run) and any(runs)
 
 
 def merged_records(paths: list[str], min_repeats: int) -> list[dict[str, Any]]:
     """The records of repeated bench runs of the same requests (`combine_repeats`), kept when
     measured in at least `min_repeats` of them (a record without repeats counts once)."""
-    merged = combine_repeats([load_bench_requests(p) for p in paths])
+    runs = [load_bench_requests(p) for p in paths]
+    if len(runs) > 1 and has_reference(*runs):  # the fastest run once the machine's speed is out
+        unit = float(np.median([r["run_reference_ms"] for run in runs for r in run]))
+        runs = [[{**r, "merge_ms": r["ttft_ms"] * unit / r["run_reference_ms"]} for r in run]
+                for run in runs]
+    merged = combine_repeats(runs)
     return [r for r in merged if r.get("repeats", 1) >= min_repeats]
 
 
@@ -84,7 +111,8 @@ def combine_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 raise RcllmError(f"repeated runs disagree on the request of {key}: not the "
                                  "same requests or settings")
             n = (old or {}).get("repeats", 0) + 1
-            if old is None or r["ttft_ms"] < old["ttft_ms"]:
+            if old is None or r.get("merge_ms", r["ttft_ms"]) < old.get("merge_ms",
+                                                                      old["ttft_ms"]):
                 best[key] = dict(r)
             best[key]["repeats"] = n
     return list(best.values()) + loose
@@ -117,13 +145,19 @@ def validate(reqs: list[dict[str, Any]], seed: int = 0) -> tuple[list[dict], dic
     return _evaluate(fit, test, [r for r in reqs if r["method"] == "full"])
 
 
-def validate_transfer(fit_reqs: list[dict[str, Any]], test_reqs: list[dict[str, Any]]
-                      ) -> tuple[list[dict], dict]:
-    """Fitted on every record of one run, tested on every record of another run."""
+def validate_transfer(fit_reqs: list[dict[str, Any]], test_reqs: list[dict[str, Any]],
+                      speed_reference: bool = True) -> tuple[list[dict], dict]:
+    """Fitted on every record of one run, tested on every record of another run; with
+    `speed_reference` and a reference on every record, times are scaled by it (module doc)."""
+    scaled = speed_reference and has_reference(fit_reqs, test_reqs)
+    if scaled:
+        unit = float(np.median([r["run_reference_ms"] for r in fit_reqs]))
+        fit_reqs, test_reqs = reference_scaled(fit_reqs, unit), reference_scaled(test_reqs, unit)
     fit, test = _by_method(fit_reqs), _by_method(test_reqs)
     for method in test:
         fit.setdefault(method, [])
-    return _evaluate(fit, test, test.get("full", []))
+    rows, summary = _evaluate(fit, test, test.get("full", []))
+    return rows, {**summary, "speed_reference": scaled}
 
 
 def _full_normalized(joint, test: dict[str, list[dict]], reference: list[dict]) -> list[dict]:
