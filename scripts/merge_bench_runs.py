@@ -37,18 +37,26 @@ def main() -> int:
     index = {u: f"r{k}" for k, u in enumerate(dict.fromkeys(r["user_id"] for r in merged))}
     keep = ("method", "variant", "context_tokens", "recomputed_tokens", "reused_tokens",
             "prefix_tokens", "chunk_misses", "ttft_ms", "repeats")
+    builds, reference = load_fit_extras(args.runs)
     records = [{"user_id": index[r["user_id"]], **{k: r[k] for k in keep if k in r}}
                for r in merged]
+    scaled = reference is not None and all(r.get("run_reference_ms") for r in merged)
+    if scaled:  # the winners come from different runs: one speed unit, the runs' mean reference
+        for rec, r in zip(records, merged):
+            rec["ttft_measured_ms"] = rec["ttft_ms"]
+            rec["ttft_ms"] = round(r["ttft_ms"] * reference / r["run_reference_ms"], 1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
     report = {"name": "bench_ttft", "config": {
         "recorded_with": args.recorded_with, "commit": commit, "machine": args.machine,
         "note": f"per-request records only; per request and variant the fastest of "
-                f"{len(args.runs)} runs (measured {args.min_repeats} times); user ids "
-                "replaced by request indices"}, "rows": [], "requests": records}
+                f"{len(args.runs)} runs (measured {args.min_repeats} times)"
+                + (", compared and stored in the units of the runs' mean speed reference "
+                   "(ttft_ms = measured · reference / its run's reference; "
+                   "ttft_measured_ms as measured)" if scaled else "")
+                + "; user ids replaced by request indices"}, "rows": [], "requests": records}
     # what `rcllm sim sweep` reads beside the requests: every run's timed chunk builds and the
     # runs' mean speed reference (absent from runs recorded before they existed)
-    builds, reference = load_fit_extras(args.runs)
     report["summary"] = {"chunk_builds": builds,
                          "reference_ms": [] if reference is None else [reference]}
     Path(args.out).write_text(json.dumps(report, indent=1))
