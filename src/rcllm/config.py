@@ -104,14 +104,16 @@ class PromptConfig:
     max_review_tokens: int = opt(96, "a review longer than this is cut (documented truncation)")
     max_item_tokens: int = opt(96, "item text longer than this is cut")
     item_ending: str = opt("name", "what an item chunk ends in (what an item tail recomputes): "
-                                   "\"name\" = \" | <item name>\"; \"text\" = the title and "
-                                   "description cut at max_item_tokens (prompt version 1's chunk)")
+                                   "\"name\" = \" | <item name>\"; \"brand\" = \" | <brand>\" "
+                                   "(a \"Brand — text\" title's lead, else the name); \"text\" "
+                                   "= the title and description cut at max_item_tokens (prompt "
+                                   "version 1's chunk)")
 
     def validate(self) -> None:
         if not 1 <= self.max_candidates <= 26:
             raise RcllmError("prompt.max_candidates must be within 1..26 (labels A..Z)")
-        if self.item_ending not in ("name", "text"):
-            raise RcllmError(f"prompt.item_ending must be \"name\" or \"text\", not "
+        if self.item_ending not in ("name", "brand", "text"):
+            raise RcllmError(f"prompt.item_ending must be name, brand or text, not "
                              f"{self.item_ending!r}")
         if self.history_window < 0:
             raise RcllmError("prompt.history_window must be >= 0")

@@ -8,7 +8,7 @@ import pytest
 
 from rcllm.config import PromptConfig, RcllmConfig
 from rcllm.errors import RcllmError
-from rcllm.prompt.builder import PromptBuilder, item_tag, item_text
+from rcllm.prompt.builder import PromptBuilder, item_brand, item_tag, item_text
 from rcllm.records import Item
 
 ITEMS = {"m1": Item("m1", "Condé Nast — The New Yorker", "Weekly magazine of reporting, "
@@ -40,6 +40,15 @@ def test_text_ending_is_the_text_cut_at_the_limit(real_model):
     assert ids == b._encode(" " + item_text(ITEMS["m1"]))[:16]
     assert b._encode(" | The New Yorker")[-1] not in ids[-3:]   # no name at the end
     assert b.item_chunk("f1") == b._encode(" Heat (1995)")       # short text: whole
+
+
+def test_brand_ending_ends_in_the_brand(real_model):
+    assert item_brand(ITEMS["m1"]) == "Condé Nast" and item_brand(ITEMS["f1"]) == "Heat"
+    b = _builder(real_model, max_item_tokens=16, item_ending="brand")
+    tag = b._encode(" | Condé Nast")
+    ids = b.item_chunk("m1")
+    assert len(ids) <= 16 and ids[-len(tag):] == tag
+    assert b.item_chunk("f1")[-len(b._encode(" | Heat")):] == b._encode(" | Heat")  # no brand
 
 
 def test_bad_ending_is_refused():

@@ -116,6 +116,14 @@ def item_tag(item: Item) -> str:
     return name or title or f"item {item.item_id}"
 
 
+def item_brand(item: Item) -> str:
+    """The lead of a "Brand — text" title (what the loaders build from a brand and a
+    description when an item has no usable title: Magazine's publishers), else `item_tag`."""
+    title = item.title.strip()
+    lead = title.split(" — ", 1)[0].strip() if " — " in title else ""
+    return lead or item_tag(item)
+
+
 def history_text(entry: HistoryEntry, item: Item | None) -> str:
     title = item.title.strip() if item is not None and item.title.strip() else f"item {entry.item_id}"
     when = _dt.datetime.fromtimestamp(entry.timestamp, _dt.timezone.utc).strftime("%Y-%m-%d")
@@ -161,14 +169,16 @@ class PromptBuilder:
     def item_chunk(self, item_id: ItemId) -> tuple[int, ...]:
         """" <title>. <description>" cut to fit, then " | <tag>" (`item_tag`, at most
         ITEM_TAG_TOKENS tokens and half the limit): at most `max_item_tokens` ids.
-        `prompt.item_ending=text`: the text alone, cut at the limit (prompt version 1)."""
+        `prompt.item_ending=text`: the text alone, cut at the limit (prompt version 1);
+        `brand`: " | <brand>" (`item_brand`) in place of the name."""
         key = ("item", item_id)
         if key not in self._chunk_cache:
             item, limit = self.catalog[item_id], self.cfg.max_item_tokens
             if self.cfg.item_ending == "text":
                 self._chunk_cache[key] = self._encode(" " + item_text(item))[:limit]
                 return self._chunk_cache[key]
-            tag = self._encode(" | " + item_tag(item))[: 1 + min(ITEM_TAG_TOKENS, limit // 2)]
+            name = item_brand(item) if self.cfg.item_ending == "brand" else item_tag(item)
+            tag = self._encode(" | " + name)[: 1 + min(ITEM_TAG_TOKENS, limit // 2)]
             body = self._encode(" " + item_text(item))[: max(1, limit - len(tag))]
             self._chunk_cache[key] = (body + tag)[:limit]
         return self._chunk_cache[key]
