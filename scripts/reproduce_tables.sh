@@ -26,7 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/rcllm-tables}; shift || true
 PY=${PY:-python3}
-[[ "$PY" == */* ]] && PY=$(realpath "$PY")   # a relative path still works from a stage's folder
+[[ "$PY" == */* ]] && PY=$(realpath -s "$PY")  # absolute, links kept: a venv python is a link
 ROOT=$PWD
 DATA=$(realpath "${DATA:-../shared/data/amazon2018}")
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
