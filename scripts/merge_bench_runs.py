@@ -46,7 +46,8 @@ def main() -> int:
             rec["ttft_measured_ms"] = rec["ttft_ms"]
             rec["ttft_ms"] = round(r["ttft_ms"] * reference / r["run_reference_ms"], 1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+                            text=True, check=False,   # the repository's, from any folder
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
     report = {"name": "bench_ttft", "config": {
         "recorded_with": args.recorded_with, "commit": commit, "machine": args.machine,
         "note": f"per-request records only; per request and variant the fastest of "

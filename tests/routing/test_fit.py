@@ -141,10 +141,11 @@ MAGAZINE, GIFT_CARDS = DATA / "ttft_magazine_cpu.json", DATA / "ttft_giftcards_c
 
 @pytest.mark.parametrize("fit_path,test_path", [(MAGAZINE, GIFT_CARDS), (GIFT_CARDS, MAGAZINE)])
 def test_real_runs_fit_on_one_category_predict_the_other(fit_path, test_path):
-    """Recorded real `bench ttft` runs (SmolLM2, 1 thread on a shared 2-core machine; per
-    request and variant the fastest of three runs): the profile fitted on one category predicts
-    the other (other users, prompt lengths and, on Gift Cards, one review per request computed
-    on the spot). Measured worst joint median error: 0.060 (Magazine -> Gift Cards), 0.056
+    """Recorded real `bench ttft` runs (SmolLM2 with the depth schedule, prompt version 2, 1
+    thread on a quiet 2-core machine, 2026-12-04; per request and variant the fastest of three
+    runs, in the runs' speed-reference units): the profile fitted on one category predicts the
+    other (other users, prompt lengths and, on Gift Cards, one review per request computed on
+    the spot). Measured worst joint median error: 0.042 (Magazine -> Gift Cards), 0.057
     (Gift Cards -> Magazine)."""
     fit, test = load_bench_requests(str(fit_path)), load_bench_requests(str(test_path))
     rows, summary = validate_transfer(fit, test)
