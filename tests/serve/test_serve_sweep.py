@@ -113,7 +113,9 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     # where each answer's time went, and the CPU its engine thread used (one thread each)
     for r in (r for c in cells for r in c["requests"] if r["status"] == 200):
         parts = r["build_ms"] + r["assemble_ms"] + r["prefill_ms"]
-        assert parts == pytest.approx(r["ttft_ms"]) and 0 < r["thread_cpu_ms"] <= r["ttft_ms"]
+        # CPU and wall are two clocks: CPU within the TTFT's window, to their resolution
+        assert parts == pytest.approx(r["ttft_ms"])
+        assert 0 < r["thread_cpu_ms"] <= r["ttft_ms"] + 0.1
     table = (out / "sweep.md").read_text()
     assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
     assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6
