@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rcllm.routing.validate import merged_records  # noqa: E402
+from rcllm.routing.validate import merged_records, scaled_ttft  # noqa: E402
 from rcllm.sim.served import load_fit_extras  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def main() -> int:
     if scaled:  # the winners come from different runs: one speed unit, the runs' mean reference
         for rec, r in zip(records, merged):
             rec["ttft_measured_ms"] = rec["ttft_ms"]
-            rec["ttft_ms"] = round(r["ttft_ms"] * reference / r["run_reference_ms"], 1)
+            rec["ttft_ms"] = round(scaled_ttft(r, reference), 1)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False,   # the repository's, from any folder
                             cwd=Path(__file__).resolve().parent).stdout.strip()

@@ -70,11 +70,16 @@ def load_bench_requests(path: str) -> list[dict[str, Any]]:
     return reqs
 
 
+def scaled_ttft(r: dict[str, Any], unit_ms: float) -> float:
+    """A record's TTFT in units of `unit_ms` of reference time: ttft · unit / its run's
+    reference (what a run on a machine of that speed would have measured)."""
+    return r["ttft_ms"] * unit_ms / r["run_reference_ms"]
+
+
 def reference_scaled(reqs: list[dict[str, Any]], unit_ms: float) -> list[dict[str, Any]]:
-    """The records with `ttft_ms` in units of `unit_ms` of reference time: ttft · unit / the
-    record's run reference (`ttft_raw_ms` keeps the measured value)."""
-    return [{**r, "ttft_raw_ms": r["ttft_ms"],
-             "ttft_ms": r["ttft_ms"] * unit_ms / r["run_reference_ms"]} for r in reqs]
+    """The records with `ttft_ms` scaled to `unit_ms` (`scaled_ttft`; `ttft_raw_ms` keeps the
+    measured value)."""
+    return [{**r, "ttft_raw_ms": r["ttft_ms"], "ttft_ms": scaled_ttft(r, unit_ms)} for r in reqs]
 
 
 def has_reference(*runs: list[dict[str, Any]]) -> bool:
@@ -87,8 +92,7 @@ def merged_records(paths: list[str], min_repeats: int) -> list[dict[str, Any]]:
     runs = [load_bench_requests(p) for p in paths]
     if len(runs) > 1 and has_reference(*runs):  # the fastest run once the machine's speed is out
         unit = float(np.median([r["run_reference_ms"] for run in runs for r in run]))
-        runs = [[{**r, "merge_ms": r["ttft_ms"] * unit / r["run_reference_ms"]} for r in run]
-                for run in runs]
+        runs = [[{**r, "merge_ms": scaled_ttft(r, unit)} for r in run] for run in runs]
     merged = combine_repeats(runs)
     return [r for r in merged if r.get("repeats", 1) >= min_repeats]
 
