@@ -79,7 +79,8 @@ def eval_settings(cfg, path: str | Path):
 
     manifest = read_manifest(path)
     check_prompt_version(manifest, path)
-    trained = PromptConfig(**manifest["prompt"])
+    # manifests from before `prompt.item_ending` existed were trained on the name ending
+    trained = PromptConfig(**{"item_ending": "name", **manifest["prompt"]})
     if cfg.prompt not in (PromptConfig(), trained):
         raise RcllmError(f"the adapter was trained with prompt settings {manifest['prompt']}; "
                          f"drop the prompt.* overrides (they are adopted) or match them")
