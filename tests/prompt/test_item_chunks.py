@@ -76,3 +76,27 @@ def test_adapter_ending_is_adopted(tmp_path):
     assert cfg.prompt.item_ending == "text"
     cfg, _, _ = eval_settings(RcllmConfig(), manifest(base))
     assert cfg.prompt.item_ending == "name"
+
+
+def test_manifest_without_ending_means_name_whatever_the_default(tmp_path, monkeypatch):
+    """Adapters from before `prompt.item_ending` were trained on the name ending: read so even
+    if the default changes."""
+    import dataclasses
+
+    import rcllm.config
+    from rcllm.config import PROMPT_VERSION
+    from rcllm.finetune.adapter import eval_settings
+    from rcllm.model.adapter_file import FORMAT
+
+    @dataclasses.dataclass(frozen=True)
+    class BrandDefault(PromptConfig):
+        item_ending: str = "brand"
+
+    monkeypatch.setattr(rcllm.config, "PromptConfig", BrandDefault)
+    (tmp_path / "adapter.json").write_text(json.dumps({
+        "format": FORMAT, "prompt_version": PROMPT_VERSION, "train": {},
+        "prompt": dict(max_candidates=20, history_window=5, max_review_tokens=32,
+                       max_item_tokens=16),
+        "split": {"fractions": [0.8, 0.1, 0.1], "seed": 0}}))
+    cfg, _, _ = eval_settings(RcllmConfig(prompt=BrandDefault()), str(tmp_path))
+    assert cfg.prompt.item_ending == "name"
