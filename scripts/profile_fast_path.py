@@ -9,6 +9,7 @@ then a cProfile of the timed calls (the ops that took the time). Same workload a
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -25,14 +26,13 @@ def main(argv: list[str]) -> int:
     from rcllm.finetune.adapter import eval_settings
     from rcllm.prompt.builder import RankRequest
 
-    method = "naive"
-    if "--method" in argv:
-        k = argv.index("--method")
-        method = argv[k + 1]
-        argv = argv[:k] + argv[k + 2:]
-    if "--adapter" not in argv:
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--method", default="naive")
+    mine, rest = own.parse_known_args(argv)
+    method = mine.method
+    args = cli.build_parser().parse_args(["bench", "ttft", "--scorer", "pointwise", *rest])
+    if not args.adapter:
         sys.exit("--adapter ADAPTER is required (a pointwise adapter from `rcllm finetune`)")
-    args = cli.build_parser().parse_args(["bench", "ttft", "--scorer", "pointwise", *argv])
     cfg, _, _ = eval_settings(engine_config(args), args.adapter)
     ds, cases = load_workload(args)
     engine = make_engine(args, ds, scorer="pointwise", cfg=cfg)
