@@ -22,6 +22,8 @@ METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
 # records the version it was trained on and is refused under another
 # (model.adapter_file.check_prompt_version). 2: item chunks end in the item's tag.
 PROMPT_VERSION = 2
+# the pointwise block's fixed ending after the item chunk (`prompt.block_ending`)
+BLOCK_ENDINGS = {"answer": "? Answer:", "mark": "?"}
 REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # the methods that reuse chunk KV
 USER_SIDES = ("reuse", "exact", "behind")  # reuse.user_side
 
@@ -108,6 +110,11 @@ class PromptConfig:
                                    "(a \"Brand — text\" title's lead, else the name); \"text\" "
                                    "= the title and description cut at max_item_tokens (prompt "
                                    "version 1's chunk)")
+    block_ending: str = opt("answer", "what a pointwise block ends in after the item chunk, "
+                                      "computed for every candidate (the Yes/No is read at its "
+                                      "last token): \"answer\" = \"? Answer:\" (3 tokens); "
+                                      "\"mark\" = \"?\" (1 token: fewer tokens computed per "
+                                      "candidate)")
 
     def validate(self) -> None:
         if not 1 <= self.max_candidates <= 26:
@@ -115,6 +122,9 @@ class PromptConfig:
         if self.item_ending not in ("name", "brand", "text"):
             raise RcllmError(f"prompt.item_ending must be name, brand or text, not "
                              f"{self.item_ending!r}")
+        if self.block_ending not in BLOCK_ENDINGS:
+            raise RcllmError(f"prompt.block_ending must be {' or '.join(BLOCK_ENDINGS)}, not "
+                             f"{self.block_ending!r}")
         if self.history_window < 0:
             raise RcllmError("prompt.history_window must be >= 0")
 

@@ -170,19 +170,20 @@ def test_pointwise_scores_equal_plain_forwards(tiny_ft_config, fav_dataset, tmp_
     _assert_gradient_reaches_every_factor(t)
 
 
-@pytest.mark.parametrize("tail", [0, 2])
+@pytest.mark.parametrize("tail, ending", [(0, "answer"), (2, "answer"), (1, "mark")])
 def test_training_scores_equal_the_engines_for_each_path(tiny_ft_config, fav_dataset, tmp_path,
-                                                         tail):
+                                                         tail, ending):
     """Each path trains on what serving computes, with an adapter installed: the full path on
     the engine's full scores, the reuse path on its naive scores with the item chunks taken
     from the store (built after the instruction and the block head) and the last `tail` tokens
     of each computed in the prompt (reuse.item_tail); the joint pass (one user side, both sets
-    of blocks) on both at once."""
+    of blocks) on both at once; for each block ending (`prompt.block_ending`)."""
     from rcllm.config import RcllmConfig, ReuseConfig
     from rcllm.engine import Engine
     from rcllm.finetune.trainer import Trainer as T
 
     cfg = tiny_ft_config(candidates=3, reuse_tail=tail, steps=3, lr=5e-2)
+    cfg = dataclasses.replace(cfg, prompt=dataclasses.replace(cfg.prompt, block_ending=ending))
     t = _trainer(cfg, fav_dataset, tmp_path / "r")
     t.run(progress=False)   # a non-zero adapter: the pin must hold for trained weights
     tuned = load_model(dataclasses.replace(cfg.model, adapter=str(tmp_path / "r")))

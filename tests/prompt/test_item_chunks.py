@@ -1,4 +1,5 @@
-"""Item chunks: what they end in (`prompt.item_ending`), and that an adapter's ending is adopted."""
+"""Item chunks: what they end in (`prompt.item_ending`); the pointwise block's ending
+(`prompt.block_ending`); and that an adapter's endings are adopted."""
 
 from __future__ import annotations
 
@@ -56,6 +57,23 @@ def test_bad_ending_is_refused():
         PromptConfig(item_ending="title").validate()
 
 
+def test_mark_block_ending_is_one_token_after_the_item(real_model):
+    """`prompt.block_ending=mark` ends each candidate block in "?" alone (one computed token
+    per candidate instead of the 3 of "? Answer:"); the item chunk and head are unchanged."""
+    from rcllm.prompt.pointwise import PointwisePrompt
+
+    blocks = {}
+    for ending in ("answer", "mark"):
+        pw = PointwisePrompt(_builder(real_model, max_item_tokens=16, block_ending=ending), 4096)
+        blocks[ending] = pw.candidate_ids("m1")
+        assert blocks[ending][:len(pw.head_ids) + 16] == (pw.head_ids
+                                                           + pw.builder.item_chunk("m1"))
+    assert len(blocks["answer"]) - len(blocks["mark"]) == 2
+    assert blocks["mark"][-1] == real_model.tokenizer("?", add_special_tokens=False)["input_ids"][0]
+    with pytest.raises(RcllmError, match="block_ending"):
+        PromptConfig(block_ending="none").validate()
+
+
 def test_adapter_ending_is_adopted(tmp_path):
     """An adapter trained with item_ending=text is evaluated and served on its own chunks;
     manifests from before the field mean the name ending."""
@@ -74,8 +92,10 @@ def test_adapter_ending_is_adopted(tmp_path):
     base = dict(max_candidates=20, history_window=5, max_review_tokens=32, max_item_tokens=16)
     cfg, _, _ = eval_settings(RcllmConfig(), manifest({**base, "item_ending": "text"}))
     assert cfg.prompt.item_ending == "text"
+    cfg, _, _ = eval_settings(RcllmConfig(), manifest({**base, "block_ending": "mark"}))
+    assert cfg.prompt.block_ending == "mark"
     cfg, _, _ = eval_settings(RcllmConfig(), manifest(base))
-    assert cfg.prompt.item_ending == "name"
+    assert (cfg.prompt.item_ending, cfg.prompt.block_ending) == ("name", "answer")
 
 
 def test_manifest_without_ending_means_name_whatever_the_default(tmp_path, monkeypatch):

@@ -63,6 +63,18 @@ def fast_path(manifest: dict) -> dict | None:
     return {"method": "naive", "item_tail": int(train.get("reuse_tail", 0)), "user_side": "exact"}
 
 
+# what a manifest from before a prompt option existed was trained with
+LEGACY_PROMPT = {"item_ending": "name", "block_ending": "answer"}
+
+
+def trained_prompt(manifest: dict):
+    """The PromptConfig an adapter was trained with; options its manifest predates are read as
+    the values they had then (`LEGACY_PROMPT`), whatever today's defaults are."""
+    from ..config import PromptConfig
+
+    return PromptConfig(**{**LEGACY_PROMPT, **manifest["prompt"]})
+
+
 def eval_settings(cfg, path: str | Path):
     """The engine config to evaluate the adapter at `path` with, and its (fractions, seed) user
     split: model.adapter is set and the prompt settings it was trained with are adopted, and
@@ -79,8 +91,7 @@ def eval_settings(cfg, path: str | Path):
 
     manifest = read_manifest(path)
     check_prompt_version(manifest, path)
-    # manifests from before `prompt.item_ending` existed were trained on the name ending
-    trained = PromptConfig(**{"item_ending": "name", **manifest["prompt"]})
+    trained = trained_prompt(manifest)
     if cfg.prompt not in (PromptConfig(), trained):
         raise RcllmError(f"the adapter was trained with prompt settings {manifest['prompt']}; "
                          f"drop the prompt.* overrides (they are adopted) or match them")

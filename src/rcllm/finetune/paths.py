@@ -90,7 +90,7 @@ class PathScorer:
             return PathScores({p: v[back] for p, v in got.scores.items()},
                               {p: v[back] for p, v in got.hidden.items()})
         prompt = self.pw.prompt(RankRequest(user_id, history, candidates))
-        # (item chunk, "? Answer:") of each block: PointwisePrompt's block layout
+        # (item chunk, block ending) of each block: PointwisePrompt's block layout
         blocks = [(list(item.token_ids), list(tail.token_ids)) for item, tail in prompt.blocks]
         ids, ranges, reused = list(prompt.token_ids), [], []  # reused: (slot range, chunk index)
         for path in paths:

@@ -50,7 +50,8 @@ from ..model.loading import LoadedModel, cache_root
 from ..prompt.builder import PROMPT_VERSION, PromptBuilder, RankRequest
 from ..records import Dataset, UserId
 from . import curves
-from .adapter import check_prompt_version, read_adapter, read_manifest, save_adapter
+from .adapter import (check_prompt_version, read_adapter, read_manifest, save_adapter,
+                      trained_prompt)
 from .config import FinetuneConfig
 from .data import Draw, dataset_digest, training_stream
 from .lora import Lora, LoraPatch, base_weights
@@ -126,7 +127,8 @@ class Trainer:
         factors, m = read_adapter(path)
         check_prompt_version(m, path)
         want = {**self._identity(), "data.digest": dataset_digest(self.ds)}
-        have = {**m, "data.digest": m.get("data", {}).get("digest")}
+        have = {**m, "data.digest": m.get("data", {}).get("digest"),
+                "prompt": asdict(trained_prompt(m))}
         bad = [k for k, v in want.items() if have.get(k) != v]
         if bad:
             raise RcllmError(f"train.init={path} does not match this run in {', '.join(bad)}; "

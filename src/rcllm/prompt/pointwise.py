@@ -2,10 +2,12 @@
 
     user side  = [instruction] ([bullet][history chunk])*
     block      = "\n\nWill I like" [item chunk] "? Answer:"      → next token " Yes" or " No"
+                 (`prompt.block_ending=mark`: the tail is "?" alone)
 
 The head of every block is the same text at the same position after the same user side, so
 its KV is the same in every block: the prompt holds it once, at the end of the shared part,
-and a block is the item chunk and the tail (3 tokens of fixed text per candidate).
+and a block is the item chunk and the tail (3 tokens of fixed text per candidate, 1 with
+`prompt.block_ending=mark`).
 
 History chunks use `PromptBuilder.history_chunk` and item chunks `PromptBuilder.item_chunk`
 (the same text and token limits as the listwise prompt). Each piece is tokenised on its own and
@@ -24,6 +26,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..config import BLOCK_ENDINGS
 from ..errors import RcllmError
 from ..records import HistoryEntry, ItemId, UserId
 from .builder import Prompt, PromptBuilder, Segment
@@ -33,7 +36,6 @@ INSTRUCTION = (
     "answer whether the user will like an item, with Yes or No.<|im_end|>\n"
     "<|im_start|>user\nMy past reviews, oldest first:")
 BLOCK_HEAD = "\n\nWill I like"
-BLOCK_TAIL = "? Answer:"
 YES, NO = " Yes", " No"
 
 
@@ -63,7 +65,7 @@ class PointwisePrompt:
         self.max_prefix_tokens = max_prefix_tokens
         self._instruction = self._encode(INSTRUCTION)
         self._head = self._encode(BLOCK_HEAD)
-        self._tail = self._encode(BLOCK_TAIL)
+        self._tail = self._encode(BLOCK_ENDINGS[builder.cfg.block_ending])
         self.yes_id = self._single(YES)
         self.no_id = self._single(NO)
 
