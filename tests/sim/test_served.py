@@ -332,3 +332,28 @@ def test_merged_recorded_runs_keep_what_sim_sweep_reads_beside_the_requests(tmp_
     assert served.load_fit_extras([str(out)]) == ([[16, 40, 90.0], [16, 40, 91.0]], 405.0)
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode != 0 and "not overwritten" in again.stderr
+
+
+def test_measured_service_replays_each_requests_own_engine_time():
+    """`--service measured`: a request is served for the engine TTFT the sweep measured, so
+    spaced requests get exactly it and a burst on one instance queues behind the measured
+    times, whatever the profile says (no scaling, no behind work)."""
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    reqs = [{**_request("rcllm", 500, 150, 0), "ttft_ms": ms,
+             "behind_tokens": [[64, 110]]} for ms in (300.0, 700.0, 200.0)]
+    ttft, svc, _ = served.simulate_cell([0, 10, 20], reqs, profile, 2, "affinity",
+                                        measured=True)
+    np.testing.assert_allclose(ttft, [300, 700, 200])
+    ttft, _, _ = served.simulate_cell([0, 0, 0], reqs, profile, 2, "affinity", measured=True)
+    np.testing.assert_allclose(ttft, [300, 1000, 1200])
+    sweep = {"instances": 2, "capacity_rps": 10.0, "cells": [{
+        "rate_rps": 1.0, "series": "rcllm @ affinity", "method": "rcllm", "policy": "affinity",
+        "arrivals_s": [0, 0, 0], "requests": reqs, "ttft_p50_ms": 1000.0,
+        "ttft_p99_ms": 1196.0, "engine_ttft_p50_ms": 300.0, "reference_ms": 999.0}]}
+    rows, summary = served.predict_sweep(sweep, profile, fit_reference_ms=100.0,
+                                         service="measured")
+    assert rows[0]["predicted_p50_ms"] == pytest.approx(1000)
+    assert rows[0]["speed_scale"] == 1.0 and summary["behind_cores"] is None
+    assert summary["service"] == "measured"
+    with pytest.raises(Exception, match="service"):
+        served.predict_sweep(sweep, profile, service="oracle")

@@ -141,18 +141,22 @@ def _sweep(args) -> int:
         print(f"busy slowdown per method (median over {pairs} requests, {args.busy_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
     rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
-                                  not args.no_behind, cost, reference)
-    if not args.no_behind:
+                                  not args.no_behind, cost, reference, args.service)
+    if args.service == "measured":
+        print("service = each request's measured engine TTFT (no cost model, no behind work, "
+              "no scaling): the error left is the queueing model's and the time outside the "
+              "engine")
+    elif not args.no_behind:
         print(f"work behind an answer priced per job at {cost[0]:.1f} ms + {cost[1]:.2f} ms per "
               f"token (fitted on the {len(builds)} chunk builds of {args.fit_json})" if cost else
               f"note: {args.fit_json} has no timed chunk builds (recorded before bench ttft "
               "timed them): each job behind an answer priced as a forward pass")
     scales = [r["speed_scale"] for r in rows]
-    if reference is not None and scales:
+    if reference is not None and scales and args.service == "profile":
         print(f"each cell scaled to the machine's speed in it: cell reference / fit reference "
               f"({reference:.0f} ms) from {min(scales):.3f} to {max(scales):.3f}, median "
               f"{float(np.median(scales)):.3f} (cells without a reference: 1)")
-    elif not args.no_speed_reference:
+    elif not args.no_speed_reference and args.service == "profile":
         print(f"note: {args.fit_json} has no speed reference (recorded before bench ttft timed "
               "it): cells not scaled to the machine's speed")
     if not summary["behind_recorded"]:
@@ -164,7 +168,7 @@ def _sweep(args) -> int:
                    "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
                    "behind": not args.no_behind, "behind_cost": cost,
-                   "fit_reference_ms": reference})
+                   "fit_reference_ms": reference, "service": args.service})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
@@ -298,6 +302,11 @@ def register(top, bench) -> None:
     sw.add_argument("--no-speed-reference", action="store_true",
                     help="do not scale each cell by its speed reference over the fit run's "
                          "(the fixed pass both time: the machine's speed drifts between runs)")
+    sw.add_argument("--service", choices=("profile", "measured"), default="profile",
+                    help="what a request's engine time is: the fitted profile's price "
+                         "(default), or the engine TTFT the sweep measured for it (the "
+                         "queueing model with a perfect cost model: what is left of the error "
+                         "is not the cost model's)")
     sw.add_argument("--out", default="sim-sweep", help="output folder (default sim-sweep)")
     sw.set_defaults(func=_sweep)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")

@@ -141,7 +141,9 @@ class Engine:
             scores_t = self.strategy.after_first_token(self.model, prompt, inp, scores_t, logits)
         total_ms = (time.perf_counter() - t0) * 1e3
         scores = {c: float(s) for c, s in zip(prompt.candidates, scores_t)}
+        t4 = time.perf_counter()
         self._after(reuse, prompt, got, user)                                  # stored after
+        stats.after_ms = (time.perf_counter() - t4) * 1e3
         stats.add_prefill(res, inp.kind.cpu())
         stats.build_ms, stats.assemble_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         stats.prefill_ms, stats.thread_cpu_ms = ttft_ms - (t2 - t0) * 1e3, cpu_ms

@@ -52,6 +52,9 @@ class RankStats(Mapping):
     # CPU time of the thread that ran the request, up to the first token: with model.threads=1
     # every op runs on it, so thread_cpu_ms below the TTFT is time it waited for a core
     thread_cpu_ms: float = 0.0
+    # the engine's own work after the answer, on the request's thread (prefix insert, queueing
+    # or running the builds, storing the user side): the engine is busy, the clock stopped
+    after_ms: float = 0.0
 
     def add_prefill(self, res, kinds: torch.Tensor) -> None:
         """The recompute and FLOP fields from the prefill's result (`PrefillResult`); `kinds`

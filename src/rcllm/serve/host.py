@@ -15,6 +15,7 @@ import logging
 import itertools
 import queue
 import threading
+import time
 from typing import Any
 
 from ..engine import Engine
@@ -55,11 +56,14 @@ class EngineHost:
             candidates=tuple(ItemId(c) for c in payload["candidates"]))
         overrides = {k: payload[k] for k in ("item_ratio", "history_ratio")
                      if payload.get(k) is not None}
+        t0 = time.perf_counter()
         with self.lock:
+            waited_ms = (time.perf_counter() - t0) * 1e3   # behind other calls on this engine
             res = self.engine.rank(req, payload.get("method"), **overrides)
         return {"ranking": list(res.ranking), "scores": res.scores, "method": res.method,
                 "ttft_ms": res.ttft_ms, "total_ms": res.total_ms,
-                "stats": dict(res.stats)}   # plain data (the engine's stats may be a Mapping)
+                # plain data (the engine's stats may be a Mapping)
+                "stats": {**dict(res.stats), "lock_wait_ms": waited_ms}}
 
     def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Pre-inference of `schemas.PrewarmIn.model_dump()`: the user side into the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 from ..errors import RcllmError
@@ -81,12 +82,19 @@ class Instance:
         """Ranks `payload` after storing the item KV behind `imports` (object refs of other
         instances' `export_items`); an import that fails (its owner died) is skipped and those
         items are recomputed."""
+        t0 = time.perf_counter()
         fetched = self._import(imports or [])
+        t1 = time.perf_counter()
         try:
             out = self.host.rank(payload)
         except RcllmError as exc:
             return {"error": str(exc)}
-        out["stats"]["fetched_items"] = fetched
+        st = out["stats"]
+        st["fetched_items"] = fetched
+        # time in this actor outside the engine's clock: the imports (object-store fetches of
+        # other instances' item KV) and the wait for the engine lock (`host.rank`)
+        st["import_ms"] = (t1 - t0) * 1e3
+        st["actor_ms"] = (time.perf_counter() - t0) * 1e3
         return {**out, "instance": self.index}
 
     def _import(self, refs: list) -> int:

@@ -35,6 +35,8 @@ from .views import LiveInstance, UserResidency, cluster_view, routing_request
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
+# methods that compute every item token: no item KV to import for them
+EXACT_METHODS = ("full", "prefix")
 
 
 class RayBackend:
@@ -79,6 +81,9 @@ class RayBackend:
         self.cost = CostModel(self.profile, MethodConfig())
         self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
         self.fetch_remote = fetch_remote
+        # the method of a request that names none: full and prefix never read item chunk KV,
+        # so their requests import none (an import waits up to a second on a busy owner)
+        self.default_method = spec.engine_config()[0].reuse.method
         self.policy = routing_policy(policy, self.cost)
         self.retries = 0
         self.call_timeout_s = call_timeout_s
@@ -157,7 +162,10 @@ class RayBackend:
             try:
                 actor = self.actors[inst.index]
                 if method == "rank":
-                    ref = actor.rank.remote(payload, self._imports(inst, request, local))
+                    method_of = payload.get("method") or self.default_method
+                    imports = ([] if method_of in EXACT_METHODS
+                               else self._imports(inst, request, local))
+                    ref = actor.rank.remote(payload, imports)
                 else:
                     ref = actor.prewarm.remote(payload)
                 out = await self._wait(inst, ref)

@@ -170,7 +170,8 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
                   overhead_ms: float = 0.0,
                   busy_slowdown: float | Mapping[str, float] = 1.0,
                   cores: float | None = None, behind_cost: BehindCost | None = None,
-                  scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, bool]:
+                  scale: float = 1.0, measured: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed).
 
@@ -183,11 +184,14 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
     engine; with more busy threads than cores each gets cores/threads of one. None: behind
     work is left out (the model before it was recorded). `behind_cost`: `behind_ms`'s price of
     a job. `scale`: every engine and behind time is multiplied by it (`speed_scale`: the
-    machine's speed during the cell against the fit run's)."""
+    machine's speed during the cell against the fit run's). `measured`: each request's service
+    is the engine TTFT the sweep measured for it (+ `overhead_ms`) instead of the profile's
+    price — the queueing model with a perfect cost model (pass `scale` 1, F 1 and no `cores`:
+    the measured times already hold the machine's speed and the contention)."""
     own = routing == "policy" and policy in ("load-only", "round-robin")
-    jobs = [(at_s * 1e3, scale * service_ms(profile, r.get("method") or "rcllm",
-                                            r["recomputed_tokens"], r["context_tokens"],
-                                            overhead_ms),
+    jobs = [(at_s * 1e3, float(r["ttft_ms"]) + overhead_ms if measured else
+             scale * service_ms(profile, r.get("method") or "rcllm", r["recomputed_tokens"],
+                                r["context_tokens"], overhead_ms),
              int(r["instance"]) % instances,
              [scale * behind_ms(profile, n, ctx, behind_cost)
               for n, ctx in r.get("behind_tokens", [])]
@@ -266,12 +270,21 @@ def _rel(pred: float, meas: float) -> float:
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
                   overhead_ms: float = 0.0, busy_slowdown: float | Mapping[str, float] = 1.0,
                   behind: bool = True, behind_cost: BehindCost | None = None,
-                  fit_reference_ms: float | None = None) -> tuple[list[dict], dict]:
-    """Rows (one per cell: measured vs predicted P50/P99) and a summary. `behind`: model the
+                  fit_reference_ms: float | None = None, service: str = "profile"
+                  ) -> tuple[list[dict], dict]:
+    """Rows (one per cell: measured vs predicted P50/P99) and a summary. `service`: "profile"
+    prices each request by the fitted profile; "measured" serves it for the engine TTFT the
+    sweep measured (no behind work, no scaling, F = 1: those are inside the measured times), so
+    what is left of the error is the queueing model and the time outside the engine. `behind`: model the
     work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
     where the sweep recorded it, each job priced by `behind_cost` (`fit_behind`) when given.
     `fit_reference_ms`: the fit run's speed reference (`load_fit_extras`); each cell's times
     are scaled by its own reference over it (`speed_scale`). None: unscaled."""
+    if service not in ("profile", "measured"):
+        raise RcllmError(f"service must be profile or measured, not {service!r}")
+    measured = service == "measured"
+    if measured:
+        behind, fit_reference_ms, busy_slowdown = False, None, 1.0
     recorded = any("behind_tokens" in r for c in sweep["cells"] for r in c["requests"])
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
@@ -282,7 +295,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
         scale = speed_scale(c, fit_reference_ms)
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
                                        routing, overhead_ms, busy_slowdown, cores,
-                                       behind_cost, scale)
+                                       behind_cost, scale, measured)
         ok = [r for r in c["requests"] if r["status"] == 200]
         work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
                     for n, ctx in r.get("behind_tokens", []))
@@ -326,6 +339,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                     if r["measured_engine_cpu_p50_ms"] is not None]))
                if any(r["measured_engine_cpu_p50_ms"] is not None for r in rows) else None,
                "target": 0.15, "profile": profile.name, "routing": routing,
+               "service": service,
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
                "behind_cores": cores, "behind_recorded": recorded,
