@@ -119,6 +119,9 @@ stage_sim_sweep() {
       --out replay
   rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
       --routing policy --out policy
+  # the queueing model on each request's measured engine time: the error no cost model fixes
+  rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+      --service measured --out measured
   # the same without the work behind the answers: how much of the prediction it carries
   rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
       --no-behind --out replay-no-behind

@@ -259,3 +259,54 @@ def test_writes_still_queued_for_a_lower_tier_are_counted_and_waited_for(tmp_pat
     assert wait_until_stored(lambda: tier_stats(front), timeout_s=10)
     assert tier_stats(front)["all"]["write_pending"] == 0
     close_store(front)
+
+
+def test_a_requests_misses_are_queued_without_waiting_for_a_running_build():
+    """The builder may start a kind's first job while the request thread (which holds its
+    engine) is still queueing the others: that job builds every miss of the kind in one pass,
+    and the request thread never waits for it (it once did, ~200–300 ms per request on a
+    served instance, because the pass ran under the batch's lock)."""
+    from types import SimpleNamespace
+
+    from rcllm.config import ReuseConfig
+    from rcllm.prefill.chunks import ChunkBuilder
+
+    import queue
+
+    started, gate, passes, jobs = threading.Event(), threading.Event(), [], queue.Queue()
+
+    def compute_many(kind, chunks, reuse):
+        passes.append(list(chunks))
+        started.set()
+        gate.wait(600)   # the build is still running while the request queues the rest
+        return [tuple(c) for c in chunks]
+
+    def run_jobs():  # the store's one builder thread: its jobs one at a time
+        while (job := jobs.get()) is not None:
+            job()
+
+    builder = threading.Thread(target=run_jobs)
+    builder.start()
+
+    def build_behind(key, kind, compute):  # the builder takes the first job at once
+        jobs.put(compute)
+        started.wait(600)
+        return True
+
+    stub = SimpleNamespace(compute_many=compute_many, key=lambda kind, ids, reuse: ids,
+                           context_len=lambda kind, reuse: 3,
+                           store=SimpleNamespace(build_behind=build_behind))
+    misses = [("history", (1, 2)), ("history", (3, 4, 5)), ("history", (6,))]
+    done = threading.Event()
+    out = []
+    t = threading.Thread(target=lambda: (out.append(
+        ChunkBuilder.build_behind(stub, misses, ReuseConfig())), done.set()))
+    t.start()
+    try:
+        assert done.wait(30), "the request thread waited for a running build"
+        assert out[0] == [(6, 9)]
+    finally:
+        gate.set()
+        jobs.put(None)
+        builder.join(30)
+    assert passes == [[(1, 2), (3, 4, 5), (6,)]]   # one pass built all three

@@ -124,8 +124,10 @@ class ChunkBuilder:
         for kind in dict.fromkeys(k for k, _ in misses):
             batch = _Batch(self, kind, reuse)
             queued = []
-            for ids in (ids for k, ids in misses if k == kind):
-                batch.add(ids)   # before the job is queued: the builder may run it at once
+            chunks = [ids for k, ids in misses if k == kind]
+            for ids in chunks:   # all before the first job is queued: the builder may run it
+                batch.add(ids)   # at once, and it builds every chunk wanted by then
+            for ids in chunks:
                 if self.store.build_behind(self.key(kind, ids, reuse), kind,
                                            lambda ids=ids, batch=batch: batch.take(ids)):
                     queued.append(len(ids))
@@ -158,17 +160,26 @@ class _Batch:
             self._wanted.append(tuple(ids))
 
     def discard(self, ids: Sequence[int]) -> None:
+        """`ids` will not be taken (its job was not queued): not wanted, not kept."""
         with self._lock:
             if tuple(ids) in self._wanted:
                 self._wanted.remove(tuple(ids))
+            self._built.pop(tuple(ids), None)
 
     def take(self, ids: Sequence[int]) -> ChunkKV:
+        """`ids`'s KV, building every wanted chunk not built yet in one pass. The pass runs
+        outside the lock, so a request thread adding or discarding (it holds its engine) never
+        waits for a build; jobs run one at a time on the store's builder thread."""
         key = tuple(ids)
         with self._lock:
-            if key not in self._built:
-                todo = [c for c in dict.fromkeys(self._wanted + [key]) if c not in self._built]
-                for c, kv in zip(todo, self.builder.compute_many(self.kind, todo, self.reuse)):
-                    self._built[c] = kv
+            todo = ([] if key in self._built else
+                    [c for c in dict.fromkeys(self._wanted + [key]) if c not in self._built])
+        if todo:
+            kvs = self.builder.compute_many(self.kind, todo, self.reuse)
+            with self._lock:
+                for c, kv in zip(todo, kvs):
+                    self._built.setdefault(c, kv)
+        with self._lock:
             if key in self._wanted:
                 self._wanted.remove(key)
             return self._built.pop(key)
