@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from ..sharding.sharding import build_placement
+from ..config import REUSE_METHODS
 from ..errors import RcllmError
 from ..records import Item
 from ..routing import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
@@ -35,8 +36,6 @@ from .views import LiveInstance, UserResidency, cluster_view, routing_request
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
-# methods that compute every item token: no item KV to import for them
-EXACT_METHODS = ("full", "prefix")
 
 
 class RayBackend:
@@ -81,8 +80,7 @@ class RayBackend:
         self.cost = CostModel(self.profile, MethodConfig())
         self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
         self.fetch_remote = fetch_remote
-        # the method of a request that names none: full and prefix never read item chunk KV,
-        # so their requests import none (an import waits up to a second on a busy owner)
+        # the method of a request that names none (only the reuse methods import item KV)
         self.default_method = spec.engine_config()[0].reuse.method
         self.policy = routing_policy(policy, self.cost)
         self.retries = 0
@@ -162,10 +160,8 @@ class RayBackend:
             try:
                 actor = self.actors[inst.index]
                 if method == "rank":
-                    method_of = payload.get("method") or self.default_method
-                    imports = ([] if method_of in EXACT_METHODS
-                               else self._imports(inst, request, local))
-                    ref = actor.rank.remote(payload, imports)
+                    ref = actor.rank.remote(payload, self._imports(
+                        inst, request, local, payload.get("method") or self.default_method))
                 else:
                     ref = actor.prewarm.remote(payload)
                 out = await self._wait(inst, ref)
@@ -207,11 +203,13 @@ class RayBackend:
                     fut.cancel()
                     raise
 
-    def _imports(self, inst: LiveInstance, request, local_tokens: float) -> list:
+    def _imports(self, inst: LiveInstance, request, local_tokens: float, method: str) -> list:
         """Object refs of the KV of the request's items that `inst` lacks and another live
         instance holds, when the cost model says fetching them beats recomputing them. The
-        KV moves owner → `inst` through the object store, never through the router."""
-        if not self.fetch_remote:
+        KV moves owner → `inst` through the object store, never through the router. None for
+        a method that reads no item KV (full, prefix): an import can wait a second on a busy
+        owner."""
+        if not self.fetch_remote or method not in REUSE_METHODS:
             return []
         shape = request.shape
         fetch = float(self.fetch_cost.service_ms(self.fetch_cost.work(shape, local_tokens)))
