@@ -15,7 +15,8 @@ def _choose(policy: str, instances, payload, residency: UserResidency | None) ->
     profile = cpu_smollm2_profile()
     pol = routing_policy(policy, CostModel(profile, MethodConfig()))
     request = routing_request(payload, TOKENS, user_side=residency is not None)
-    home = residency.home(payload["user_id"]) if residency is not None else None
+    home = (residency.home(payload["user_id"], payload["history"]) if residency is not None
+            else None)
     view = cluster_view(instances, profile, payload["user_id"] if home is not None else None,
                         home)
     return instances[pol.choose(request, view)].index
@@ -71,3 +72,27 @@ def test_user_side_is_one_routing_item_never_a_catalog_id():
     assert list(req.items) == [user_key("i0"), "i0"]
     assert req.shape.item_tokens == int(req.item_tokens.sum())
     assert user_key("i0") not in {"i0"}
+
+
+def test_a_resident_side_pulls_only_the_requests_it_can_serve():
+    """The engine reuses a user side for the same window (hit) or one the new window extends
+    (append); when the window slid, the resident side serves nothing, and the router must not
+    send the request to a busier instance for it."""
+    homes = UserResidency(300, history_window=4)
+    homes.note("u1", 1, HISTORY[:3])                       # built from reviews 0..2
+    same = {"user_id": "u1", "history": HISTORY[:3], "candidates": list(TOKENS)}
+    grown = {**same, "history": HISTORY[:4]}                # 0..3: an append
+    slid = {**same, "history": HISTORY[:6]}                 # window 2..5: nothing reusable
+    edited = {**same, "history": [{**HISTORY[0], "rating": 1}, *HISTORY[1:4]]}
+    assert homes.home("u1", same["history"]) == 1
+    assert homes.home("u1", grown["history"]) == 1
+    assert homes.home("u1", slid["history"]) is None
+    assert homes.home("u1", edited["history"]) is None
+    assert homes.home("u1") == 1                            # without a history: where it lives
+    for policy in ("affinity", "hit-only", "cost"):
+        assert _choose(policy, _cluster(), grown, homes) == 1, policy
+        assert _choose(policy, _cluster(), slid, homes) == 0, policy   # the item shards decide
+    # the window itself slides once it is full: a side built from 2..5 serves 2..5 only
+    homes.note("u1", 1, HISTORY)
+    assert homes.home("u1", HISTORY) == 1
+    assert homes.home("u1", [*HISTORY, {**HISTORY[0], "item_id": "h9"}]) is None

@@ -28,11 +28,14 @@ class Instance:
 
     def ping(self) -> dict[str, Any]:
         """Who this is; `user_prefix_ttl_s`: the longest a user side stays cached (None: no
-        user-prefix cache, a listwise scorer); `niceness`: its process's nice value."""
-        cache = self.host.engine.user_prefixes
+        user-prefix cache, a listwise scorer); `history_window`: the reviews a prompt keeps
+        (the router's residency compares windows); `niceness`: its process's nice value."""
+        engine = self.host.engine
+        cache = engine.user_prefixes
         ttl = None if cache is None else (cache.cfg.ttl_s or cache.cfg.max_ttl_s)
         return {"index": self.index, "pid": os.getpid(), "built": self.built,
-                "user_prefix_ttl_s": ttl, "niceness": os.nice(0)}
+                "user_prefix_ttl_s": ttl, "history_window": engine.cfg.prompt.history_window,
+                "niceness": os.nice(0)}
 
     def calibrate(self, cases: int) -> dict[str, Any]:
         """Timed real rankings for the router's speed profile (`serve.calibrate`): the

@@ -66,7 +66,8 @@ class RayBackend:
         self.actors = [actor.remote(k, spec) for k in range(num_instances)]
         pings = ray.get([a.ping.remote() for a in self.actors])
         ttl = pings[0].get("user_prefix_ttl_s")
-        self.residency = UserResidency(ttl) if ttl else None   # None: no user-prefix cache
+        self.residency = (UserResidency(ttl, history_window=pings[0].get("history_window") or 0)
+                          if ttl else None)               # None: no user-prefix cache
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
         held = self._place(spec, num_instances, hot_fraction)
         ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
@@ -148,7 +149,8 @@ class RayBackend:
                 if not live:
                     raise Overloaded(self._retry_after_s())
                 first = False
-            home = self.residency.home(user) if self.residency is not None else None
+            home = (self.residency.home(user, payload.get("history"))
+                    if self.residency is not None else None)
             view = cluster_view(live, self.profile, user if home is not None else None, home)
             pos = self.policy.choose(request, view)
             inst = live[pos]
@@ -183,7 +185,7 @@ class RayBackend:
                 raise RcllmError(out["error"])
             if self.residency is not None and (
                     method == "prewarm" or out["stats"].get("user_prefix", "off") != "off"):
-                self.residency.note(user, inst.index)
+                self.residency.note(user, inst.index, payload.get("history"))
             return out
 
     async def _wait(self, inst: LiveInstance, ref) -> dict[str, Any]:

@@ -14,7 +14,8 @@ each user's user side (the instance that last prewarmed or ranked the user), and
 request carries the user side as one more "item", `user_key(user_id)`, whose tokens count as
 local on that instance only. So every policy that reads locality (affinity, hit-only, cost)
 weighs the resident user side like item shards, and a prewarm and the user's next ranking
-land on the same instance unless load outweighs it.
+land on the same instance unless load outweighs it. A side counts only for a request it can
+serve (the same history window, or one that extends it), as the engine's look-up decides.
 """
 
 from __future__ import annotations
@@ -95,34 +96,60 @@ def user_key(user_id: str) -> tuple[str, str]:
     return ("user-prefix", user_id)
 
 
+def _entry_key(entry: dict) -> tuple:
+    """A history entry of a payload as the engine's history hash sees it (its content)."""
+    return (str(entry.get("item_id")), entry.get("rating"), entry.get("timestamp"),
+            entry.get("review"))
+
+
 class UserResidency:
     """Which instance holds each user's user side, as the router learns it from its own
     prewarm and rank answers. An entry expires after `ttl_s` (the cache's longest TTL), and at
-    most `max_users` are kept (least recently noted dropped first), so the map is bounded."""
+    most `max_users` are kept (least recently noted dropped first), so the map is bounded.
 
-    def __init__(self, ttl_s: float, max_users: int = 100_000, clock=time.monotonic) -> None:
+    With `history_window` (the engine's `prompt.history_window`; 0: unknown) the map also keeps
+    the history the user side was built from, and `home(user, history)` names the instance only
+    where that side can serve the new request the way the engine's look-up would: the same
+    window (a hit) or a shorter one the new window extends (an append). A returning user whose
+    window slid (the oldest review dropped) has no usable side anywhere, so no policy is pulled
+    towards an instance that would compute it all again."""
+
+    def __init__(self, ttl_s: float, max_users: int = 100_000, clock=time.monotonic,
+                 history_window: int = 0) -> None:
         self.ttl_s = ttl_s
         self.max_users = max_users
+        self.history_window = history_window
         self._clock = clock
-        self._homes: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self._homes: OrderedDict[str, tuple[int, float, tuple | None]] = OrderedDict()
 
-    def note(self, user_id: str, index: int) -> None:
-        self._homes[user_id] = (index, self._clock() + self.ttl_s)
+    def _kept(self, history) -> tuple | None:
+        if history is None or not self.history_window:
+            return None
+        return tuple(_entry_key(e) for e in list(history)[-self.history_window:])
+
+    def note(self, user_id: str, index: int, history=None) -> None:
+        self._homes[user_id] = (index, self._clock() + self.ttl_s, self._kept(history))
         self._homes.move_to_end(user_id)
         while len(self._homes) > self.max_users:
             self._homes.popitem(last=False)
 
-    def home(self, user_id: str) -> int | None:
+    def home(self, user_id: str, history=None) -> int | None:
+        """The instance holding the user's side, or None; given the new request's `history`,
+        None also where that side cannot serve it (neither its window nor a prefix of it)."""
         row = self._homes.get(user_id)
         if row is None:
             return None
         if row[1] <= self._clock():
             del self._homes[user_id]
             return None
+        kept, built = self._kept(history), row[2]
+        if kept is not None and built is not None and not (
+                len(built) <= len(kept) and kept[:len(built)] == built):
+            return None
         return row[0]
 
     def forget_instance(self, index: int) -> None:
-        for user in [u for u, (k, _t) in self._homes.items() if k == index]:
+        for user in [u for u, row in self._homes.items() if row[0] == index]:
             del self._homes[user]
 
     def __len__(self) -> int:
