@@ -20,7 +20,7 @@
 #                  needs serve-sweep's output)
 # Environment: PY (default: python3), DATA (default ../shared/data/amazon2018 from the repo
 # root), ADAPTER (serve-targets; the stage is skipped, saying so, without it), SWEEP_REQUESTS,
-# SWEEP_RATES (serve-sweep's size; defaults: 30 requests per cell, 0.4x,0.7x,1.0x,1.3x).
+# SWEEP_RATES (serve-sweep's size; defaults: 30 requests per cell, 0.4x,0.7x,1.0x,1.3x,1.6x,2.0x).
 # Timings are only comparable on a quiet machine: run nothing else meanwhile.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -107,7 +107,7 @@ stage_serve_targets() {
 }
 stage_serve_sweep() {
   rcllm bench serve --sweep "${MAG[@]}" --scorer pointwise ${ADAPTER:+--adapter "$ADAPTER"} \
-      --requests "${SWEEP_REQUESTS:-30}" --rates "${SWEEP_RATES:-0.4x,0.7x,1.0x,1.3x}" \
+      --requests "${SWEEP_REQUESTS:-30}" --rates "${SWEEP_RATES:-0.4x,0.7x,1.0x,1.3x,1.6x,2.0x}" \
       --queue-size 8 --slo-ms 5000 --set model.threads=1 --out sweep
 }
 stage_sim_sweep() {

@@ -47,7 +47,7 @@ from ..sim.plots import draw_sweep, method_cell, policy_cell  # noqa: F401 (shar
 
 DEFAULT_METHODS = "full,prefix,rcllm:0.3:0.3,rcllm:0.15:0.15"
 DEFAULT_POLICIES = "affinity,hit-only,load-only,round-robin"
-DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x"
+DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run
 TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429", "errors_5xx",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
