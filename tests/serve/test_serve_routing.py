@@ -96,3 +96,14 @@ def test_a_resident_side_pulls_only_the_requests_it_can_serve():
     homes.note("u1", 1, HISTORY)
     assert homes.home("u1", HISTORY) == 1
     assert homes.home("u1", [*HISTORY, {**HISTORY[0], "item_id": "h9"}]) is None
+
+
+def test_no_object_store_import_beside_a_shared_redis_tier():
+    """With Redis every instance's chunks are shared already; an import would only wait on
+    the owner's engine lock (up to 1 s: the sweep's rare slow reuse requests)."""
+    from rcllm.serve.router import imports_item_kv
+    from rcllm.serve.spec import EngineSpec
+
+    assert imports_item_kv(EngineSpec())
+    assert not imports_item_kv(EngineSpec(), fetch_remote=False)
+    assert not imports_item_kv(EngineSpec(redis_url="redis://127.0.0.1:6379/0"))

@@ -38,6 +38,13 @@ from .worker import Overloaded, Unavailable
 log = logging.getLogger(__name__)
 
 
+def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
+    """Whether the router moves item KV between instances through Ray's object store. Not
+    with a shared Redis tier: every instance's chunks are written behind to it and read
+    through from it, while an import waits on the owner's engine lock (up to 1 s)."""
+    return fetch_remote and not spec.redis_url
+
+
 class RayBackend:
     def __init__(self, spec: EngineSpec, num_instances: int, queue_size: int,
                  policy: str = "affinity", address: str | None = None,
@@ -80,7 +87,7 @@ class RayBackend:
         log.info("routing with speed profile %s", self.profile.name)
         self.cost = CostModel(self.profile, MethodConfig())
         self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
-        self.fetch_remote = fetch_remote
+        self.fetch_remote = imports_item_kv(spec, fetch_remote)
         # the method of a request that names none (only the reuse methods import item KV)
         self.default_method = spec.engine_config()[0].reuse.method
         self.policy = routing_policy(policy, self.cost)
