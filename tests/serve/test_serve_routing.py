@@ -107,3 +107,21 @@ def test_no_object_store_import_beside_a_shared_redis_tier():
     assert imports_item_kv(EngineSpec())
     assert not imports_item_kv(EngineSpec(), fetch_remote=False)
     assert not imports_item_kv(EngineSpec(redis_url="redis://127.0.0.1:6379/0"))
+
+
+def test_a_shared_tier_makes_every_placed_item_local_everywhere():
+    from rcllm.serve.views import live_instances
+
+    held = [["i0", "i1", "i2", "i3", "i4"], ["i5", "i6", "i7"]]
+    own = live_instances(held)
+    assert "i5" not in own[0].cached and "i0" not in own[1].cached
+    payload = {"user_id": "u1", "history": HISTORY, "candidates": list(TOKENS)}
+    assert _choose("hit-only", own, payload, None) == 0        # instance 0 holds more
+    shared = live_instances(held, shared_tier=True)
+    assert all({*held[0], *held[1]} <= i.cached for i in shared)
+    shared[1].started(10.0)
+    shared[1].finished(10.0, 12.0, ["new"])                    # served on 1: read by 0 too
+    assert "new" in shared[0].cached
+    shared[0].started(500.0)                                   # instance 0 busy
+    for policy in ("affinity", "hit-only", "cost"):            # items no longer pull to 0
+        assert _choose(policy, shared, payload, None) == 1, policy

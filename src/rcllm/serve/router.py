@@ -32,7 +32,7 @@ from ..records import Item
 from ..routing import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
 from .instance import Instance
 from .spec import EngineSpec
-from .views import LiveInstance, UserResidency, cluster_view, routing_request
+from .views import LiveInstance, UserResidency, cluster_view, live_instances, routing_request
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class RayBackend:
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
         held = self._place(spec, num_instances, hot_fraction)
         ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
-        self.instances = [LiveInstance(k, set(items)) for k, items in enumerate(held)]
+        self.instances = live_instances(held, shared_tier=bool(spec.redis_url))
         self.profile = self._speed_profile(profile, calibrate_cases)
         if save_profile_to:
             from .calibrate import save_profile

@@ -74,6 +74,18 @@ class LiveInstance:
         self.cached.update(items)
 
 
+def live_instances(held: list[list[str]], shared_tier: bool = False) -> list[LiveInstance]:
+    """The router's instances, each starting with the items placed on it. Beside a shared
+    tier (Redis) an item chunk built on any instance is written behind to the tier and read
+    through from it by the others (a Redis read, milliseconds, against a recompute): every
+    instance then holds every placed item, so the instances share one `cached` set and item
+    locality stops pulling requests towards one of them (the user side still does)."""
+    if shared_tier:
+        union = set().union(*map(set, held)) if held else set()
+        return [LiveInstance(k, union) for k in range(len(held))]
+    return [LiveInstance(k, set(items)) for k, items in enumerate(held)]
+
+
 class _Union:
     """`cached | extra` for membership tests without copying the cached set."""
 
