@@ -183,6 +183,7 @@ def _run(args) -> int:
 
     from ..serve import lifecycle
     from ..serve.app import create_app
+    from ..serve.server import KEEP_ALIVE_S
 
     settings = settings_from(args)
     if settings.host not in ("127.0.0.1", "localhost", "::1"):
@@ -210,7 +211,8 @@ def _run(args) -> int:
         # uvicorn stops gracefully on SIGINT/SIGTERM (closing the backend: Ray's actors and
         # processes), then raises the signal again under our handler: SystemExit, so the
         # finally below runs
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="info",
+                    timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         if redis is not None:
             redis.stop(graceful=True)

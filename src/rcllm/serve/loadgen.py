@@ -14,6 +14,11 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
+from .server import KEEP_ALIVE_S
+
+# the client drops an idle connection well before the server would (no close race)
+KEEPALIVE_EXPIRY_S = min(5.0, KEEP_ALIVE_S / 4)
+
 
 async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
     sent = time.perf_counter()
@@ -52,7 +57,9 @@ async def _run(url: str, bodies: list[dict], arrivals_s: Sequence[float], timeou
         return row
 
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s,
-                                 limits=httpx.Limits(max_connections=256)) as client:
+                                 limits=httpx.Limits(max_connections=256,
+                                                     keepalive_expiry=KEEPALIVE_EXPIRY_S)
+                                 ) as client:
         t0 = time.perf_counter()
         tasks = []
         for at, body in zip(arrivals_s, bodies):

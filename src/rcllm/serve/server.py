@@ -11,6 +11,12 @@ from fastapi import FastAPI
 
 from ..errors import RcllmError
 
+# How long an idle keep-alive connection stays open. uvicorn's default (5 s) equals httpx's
+# pool expiry (5 s): a client reusing a connection just as the server closes it gets a
+# ReadError for a request the server never read (one such request was lost in the served
+# sweep of 2026-12-04). Longer than the pools of common clients and load balancers (60 s).
+KEEP_ALIVE_S = 75
+
 
 @dataclass
 class RunningServer:
@@ -27,7 +33,7 @@ def start_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
                     timeout_s: float = 30.0) -> RunningServer:
     """Starts uvicorn on a daemon thread; port 0 = a free port. Returns once it listens."""
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on"))
+                                           lifespan="on", timeout_keep_alive=KEEP_ALIVE_S))
     thread = threading.Thread(target=server.run, name="rcllm-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
