@@ -11,6 +11,7 @@
 #   sim-bench      simulator.md Speed                                        (~30 s)
 #   sim-run        simulator.md Results/Scaling/Policies/Ratio, 8B + 72B     (~3 min)
 #   sim-amazon     simulator.md Amazon-2018 Magazine rows (with/without hot 1.0) (~1 min)
+#   sim-projection simulator.md 40-instance projection, three cost models  (~30 s)
 #   shapes-tiny    simulator.md bench shapes CPU check                       (~2 min)
 #   sim-validate   simulator.md validation: 3 + 3 bench ttft runs, both directions (~40 min)
 #   serve-scaling  serving.md "Measured": 1 vs 2 instances, tiny model, 2 runs (~2 min)
@@ -22,6 +23,8 @@
 # root), ADAPTER (serve-targets; the stage is skipped, saying so, without it), SWEEP_REQUESTS,
 # SWEEP_RATES (serve-sweep's size; defaults: 30 requests per cell, 0.4x,0.7x,1.0x,1.3x,1.6x,2.0x).
 # Timings are only comparable on a quiet machine: run nothing else meanwhile.
+# Not here: simulator.md's H200 table, which needs a GPU (scripts/gpu_check.sh on a GPU machine
+# writes it; its profile is kept in docs/data/gpu-h200/ and sim-projection reads it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-/tmp/rcllm-tables}; shift || true
@@ -31,7 +34,7 @@ ROOT=$PWD
 DATA=$(realpath "${DATA:-../shared/data/amazon2018}")
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(sim-profiles sim-bench sim-run sim-amazon shapes-tiny
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(sim-profiles sim-bench sim-run sim-amazon sim-projection shapes-tiny
                                    sim-validate serve-scaling serve-targets serve-sweep sim-sweep)
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
@@ -61,6 +64,19 @@ stage_sim_amazon() {
       --requests 5000 --out mag
   rcllm sim run cdf --data "$DATA/Magazine_Subscriptions_5.json" --format amazon2018 \
       --requests 5000 --hot-fraction 1.0 --out mag-hot
+}
+stage_sim_projection() {
+  local h200="$ROOT/docs/data/gpu-h200/profile_qwen3-8b_cuda.json" p
+  for p in qwen3-8b@a100 qwen3-8b@h100 "$h200"; do
+    local n; n=$(basename "$p" .json)
+    rcllm sim run cdf --requests 20000 --profile "$p" --out "$n"
+    rcllm sim run cdf --requests 20000 --profile "$p" --hot-fraction 1.0 --out "$n-hot"
+  done
+  rcllm sim run cdf --requests 20000 --item-ratio 0.15 --history-ratio 0.15 --out a100-r15
+  rcllm sim run cdf --requests 20000 --item-ratio 0.15 --history-ratio 0.15 --hot-fraction 1.0 \
+      --out a100-hot-r15
+  rcllm sim run cdf --requests 20000 --load 0.95 --out a100-load0.95
+  rcllm sim run cdf --requests 20000 --profile "$h200" --load 0.3 --out h200-load0.3
 }
 stage_shapes_tiny() {
   rcllm bench shapes --shape tiny --layers 8 --tokens 2048,3072 --repeats 3 --threads 1 \
