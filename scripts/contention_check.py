@@ -9,17 +9,17 @@ import sys, time, threading, multiprocessing as mp, statistics as st
 import torch
 torch.set_num_threads(1)
 from rcllm.bench import shapes as sh
-from rcllm.routing.profiles import ModelSpec
+from rcllm.routing.profiles import MODELS
 
-SHAPE = sh.Shape(ModelSpec("smollm2", 30, 576, 9, 3, 64, 1536), 49152)
+SHAPE = sh.Shape(MODELS["smollm2-135m"], 49152)
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 584
 
 def model():
     return sh.random_transformer(SHAPE, torch.device("cpu"), torch.float32, 2048)
 
-def busy_loop(stop, m=None):
+def busy_loop(stop):
     torch.set_num_threads(1)
-    m = m or model()
+    m = model()
     ids = torch.randint(0, 1000, (64,))
     with torch.inference_mode():
         while not stop.is_set():

@@ -50,9 +50,7 @@ def main() -> None:
         syncs = {e.key: e.count for e in ev if e.key in SYNC_OPS}
         print("sync-prone calls:", syncs)
         print("kernel launches:", sum(e.count for e in ev if e.key == "cudaLaunchKernel"))
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        print(ev.table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=40))
-        if device.type == "cuda":
+        for sort in ("self_cpu_time_total", "self_cuda_time_total")[:1 + (device.type == "cuda")]:
             print(ev.table(sort_by=sort, row_limit=args.top, max_name_column_width=40))
 
 

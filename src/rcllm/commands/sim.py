@@ -152,11 +152,13 @@ def _sweep(args) -> int:
               f"note: {args.fit_json} has no timed chunk builds (recorded before bench ttft "
               "timed them): each job behind an answer priced as a forward pass")
     scales = [r["speed_scale"] for r in rows]
-    if reference is not None and scales and args.service == "profile":
+    if args.service != "profile":
+        pass                        # measured times are not scaled
+    elif reference is not None and scales:
         print(f"each cell scaled to the machine's speed in it: cell reference / fit reference "
               f"({reference:.0f} ms) from {min(scales):.3f} to {max(scales):.3f}, median "
               f"{float(np.median(scales)):.3f} (cells without a reference: 1)")
-    elif not args.no_speed_reference and args.service == "profile":
+    elif not args.no_speed_reference:
         print(f"note: {args.fit_json} has no speed reference (recorded before bench ttft timed "
               "it): cells not scaled to the machine's speed")
     if not summary["behind_recorded"]:
