@@ -132,10 +132,10 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
     the load, once the client's retry window (`retry_after_s`) has passed, the last third is
     sent again dated `len(bodies)` days later still (`after_restart`): its new chunks are
     written to the restarted server whatever the timing of the load was. Request k is dated
-    1 + k days later (its own offset): two requests of one user share no chunk, so a request
-    after the kill cannot be served from the memory an earlier one filled, whichever instance
-    the router picks (with all of a phase on one instance, a repeat user's chunks were in its
-    memory and the outage went unnoticed)."""
+    1 + k days later (its own offset): two requests of one user share no chunk, so a request after the kill
+    cannot be served from the memory an earlier one filled, whichever instance the router
+    picks (with all of a phase on one instance, a repeat user's chunks were in its memory and
+    the outage went unnoticed)."""
     from ..kvstore.redis_server import RedisServer
 
     bodies = [_redated([b], 1 + k)[0] for k, b in enumerate(bodies)]
