@@ -125,20 +125,16 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
                 retry_after_s: float = 1.0) -> dict:
     """Redis killed (SIGKILL) once a third of the requests are answered and restarted on its
     port at two thirds: requests must all be answered (misses recompute), and Redis written to
-    again after the restart. Every history entry is dated later, so its chunk (which
+    again after the restart. Every history entry is dated a day later, so its chunk (which
     starts with the date) is new: the phase misses and stores, and so really talks to Redis (a
     workload served from memory would never notice the kill; changing the review text was not
     enough, the chunk's `prompt.max_review_tokens` are mostly date, rating and title). After
     the load, once the client's retry window (`retry_after_s`) has passed, the last third is
-    sent again dated `len(bodies)` days later still (`after_restart`): its new chunks are
-    written to the restarted server whatever the timing of the load was. Request k is dated
-    1 + k days later (its own offset): two requests of one user share no chunk, so a request after the kill
-    cannot be served from the memory an earlier one filled, whichever instance the router
-    picks (with all of a phase on one instance, a repeat user's chunks were in its memory and
-    the outage went unnoticed)."""
+    sent again dated two days later (`after_restart`): its new chunks are written to the
+    restarted server whatever the timing of the load was."""
     from ..kvstore.redis_server import RedisServer
 
-    bodies = [_redated([b], 1 + k)[0] for k, b in enumerate(bodies)]
+    bodies = _redated(bodies, 1)
 
     def tier(name: str) -> dict:
         return store_stats().get(name, {})
@@ -154,7 +150,7 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
 
     res, (at_kill, at_restart) = during_load(url, bodies, qps, [(1 / 3, kill), (2 / 3, restart)])
     time.sleep(retry_after_s + 0.2)     # the circuit breaker closes again
-    again = run_load(url, _redated(bodies[-max(1, len(bodies) // 3):], len(bodies)), qps)
+    again = run_load(url, _redated(bodies[-max(1, len(bodies) // 3):], 1), qps)
     res["after_restart"] = {k: again[k] for k in ("sent", "ok", "statuses", "failed")}
     wait_until_stored(store_stats)
     time.sleep(1.0)     # write-behind of the last requests
