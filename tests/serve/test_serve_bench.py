@@ -82,3 +82,44 @@ def test_bench_serve_takes_the_retrieval_stage():
         _, cases = load_workload(args)
         assert len(cases) == 5
         assert all((c.target_retrieved is not None) == retrieved for c in cases)
+
+
+def test_redis_fault_counts_an_error_that_lands_before_the_counters_are_read(monkeypatch):
+    """The outage's first error can reach the counters before the kill action reads them, and
+    with the circuit open for a second no second error follows a short outage: the phase must
+    count from the counters read before the kill (it reported 0 errors in 2 of 4 fresh-clone
+    suite runs, every request on one instance)."""
+    from rcllm.kvstore import redis_server
+    from rcllm.serve import phases
+
+    tier = {"errors": 0, "put_count": 3, "entries": 3}
+
+    class Redis:
+        port = 1
+        proc = object()
+
+        def stop(self):               # an engine thread meets the dead server at once
+            tier["errors"] += 1
+
+    class Fresh:
+        def __init__(self, port):
+            self.proc = object()
+
+        def start(self):
+            return self
+
+    def during_load(url, bodies, qps, events):
+        results = [action() for _fraction, action in events]
+        tier["put_count"] += 1        # the restarted server is written to
+        return {"sent": len(bodies), "ok": len(bodies), "statuses": {"200": len(bodies)},
+                "failed": 0}, results
+
+    monkeypatch.setattr(redis_server, "RedisServer", Fresh)
+    monkeypatch.setattr(phases, "during_load", during_load)
+    monkeypatch.setattr(phases, "run_load", lambda url, bodies, qps: {
+        "sent": len(bodies), "ok": len(bodies), "statuses": {"200": len(bodies)}, "failed": 0})
+    monkeypatch.setattr(phases.time, "sleep", lambda s: None)
+    stats = lambda: {"redis": dict(tier), "all": {"build_queue": 0, "write_pending": 0}}  # noqa: E731
+    bodies = [{"history": [{"timestamp": 0}]}] * 6
+    res = phases.redis_fault("http://x", bodies, 4.0, Redis(), stats)
+    assert res["redis_errors"] == 1 and res["redis_puts_after_restart"] == 1

@@ -139,14 +139,20 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
     def tier(name: str) -> dict:
         return store_stats().get(name, {})
 
+    # Each action returns the tier's counters read *before* it acts: read after the kill, they
+    # could already hold the outage's first error, and with the circuit open for
+    # `retry_after_s` an outage shorter than that on one instance counts no second one (the
+    # phase then reported 0 errors though a request had failed to reach Redis).
     def kill():
+        before = dict(tier("redis"))
         redis.stop()
-        return dict(tier("redis"))
+        return before
 
     def restart():
+        before = dict(tier("redis"))
         fresh = RedisServer(redis.port).start()
         redis.proc = fresh.proc
-        return dict(tier("redis"))
+        return before
 
     res, (at_kill, at_restart) = during_load(url, bodies, qps, [(1 / 3, kill), (2 / 3, restart)])
     time.sleep(retry_after_s + 0.2)     # the circuit breaker closes again
