@@ -142,7 +142,38 @@ def test_stats_split_the_ttft_and_count_only_cpu_the_request_used(tiny_loaded, w
     assert s["build_ms"] + s["assemble_ms"] + s["prefill_ms"] == pytest.approx(res.ttft_ms)
     assert s["prefill_ms"] >= 200
     assert 0 < s["thread_cpu_ms"] <= res.ttft_ms - 150
+    assert 0 <= s["run_wait_ms"] < 50          # asleep is blocked, not waiting for a core
 
+
+def test_run_wait_counts_the_time_a_thread_waits_for_a_core():
+    """This thread and a busy process on one core: it waits for the core about half the time,
+    and `thread_run_wait_ns` (Linux schedstat) says so; a sleeping thread waits for none."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from rcllm.engine.records import thread_run_wait_ns
+
+    before = os.sched_getaffinity(0)
+    core = min(before)
+    rival = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})"
+                              "\nwhile True: pass"])
+    try:
+        os.sched_setaffinity(0, {core})          # this thread only
+        time.sleep(0.2)                          # the rival is spinning
+        w0, t0 = thread_run_wait_ns(), time.perf_counter()
+        while time.perf_counter() - t0 < 0.4:
+            pass
+        busy = (thread_run_wait_ns() - w0) / 1e9
+    finally:
+        rival.kill()
+        rival.wait()
+        os.sched_setaffinity(0, before)
+    w0 = thread_run_wait_ns()
+    time.sleep(0.2)
+    asleep = (thread_run_wait_ns() - w0) / 1e9
+    assert busy >= 0.1 and asleep < 0.05
 
 def test_cache_keys_change_with_fingerprint(tiny_loaded, workload):
     ds, _ = workload

@@ -116,6 +116,12 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         # CPU and wall are two clocks: CPU within the TTFT's window, to their resolution
         assert parts == pytest.approx(r["ttft_ms"])
         assert 0 < r["thread_cpu_ms"] <= r["ttft_ms"] + 0.1
+        # and the time it waited for a core (Linux reports it): within what the CPU left
+        assert 0 <= r["run_wait_ms"] <= r["ttft_ms"] - r["thread_cpu_ms"] + 1.0
+    for c in cells:
+        split = c["engine_time_split"]
+        assert split["cpu"] > 0 and split["run_wait"] >= 0
+        assert split["cpu"] + split["run_wait"] + split["blocked"] == pytest.approx(1.0)
     table = (out / "sweep.md").read_text()
     assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
     assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6

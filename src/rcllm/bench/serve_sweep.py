@@ -149,6 +149,9 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
     lat = np.array([r["latency_ms"] for r in ok])
     eng = np.array([r["ttft_ms"] for r in ok])
     cpu = np.array([r["thread_cpu_ms"] for r in ok if "thread_cpu_ms" in r])
+    split = [(r["ttft_ms"], r["thread_cpu_ms"], r["run_wait_ms"]) for r in ok
+             if r.get("run_wait_ms") is not None]
+    wall_cpu_wait = np.array(split).sum(axis=0) if split else None
     queue = np.array([max(0.0, r["latency_ms"] - r["total_ms"]) for r in ok])
     within = int((lat <= slo_ms).sum()) if len(lat) else 0
     up = [r["user_prefix"] for r in ok if r.get("user_prefix", "off") != "off"]
@@ -166,6 +169,12 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
             # CPU its engine thread used to the first token (below the engine TTFT: it waited
             # for a core; the same: it computed the whole time)
             "engine_cpu_p50_ms": _pct(cpu, 50),
+            # of the engine threads' time to the first token, the shares spent computing,
+            # runnable but waiting for a core, and blocked (I/O, locks); None: not reported
+            "engine_time_split": None if wall_cpu_wait is None else {
+                "cpu": float(wall_cpu_wait[1] / wall_cpu_wait[0]),
+                "run_wait": float(wall_cpu_wait[2] / wall_cpu_wait[0]),
+                "blocked": float(1 - (wall_cpu_wait[1] + wall_cpu_wait[2]) / wall_cpu_wait[0])},
             "queue_p50_ms": _pct(queue, 50), "queue_p99_ms": _pct(queue, 99),
             "goodput_rps": within / wall_s if wall_s > 0 else 0.0,
             "slo_attainment": within / max(1, len(rows)),

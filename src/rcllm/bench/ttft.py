@@ -87,7 +87,8 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
                             "prefix_tokens": s["prefix_tokens"],
                             "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms,
                             "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"],
-                            "thread_cpu_ms": s["thread_cpu_ms"]})
+                            "thread_cpu_ms": s["thread_cpu_ms"],
+                            "run_wait_ms": s["run_wait_ms"]})
         if store_misses:  # what the engine's cache_misses does after an answer, off the clock
             engine.build_history(req.history)
             engine.build_items(req.candidates)

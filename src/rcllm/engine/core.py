@@ -31,7 +31,7 @@ from ..prompt.builder import Prompt, PromptBuilder, RankRequest
 from ..records import HistoryEntry, Item, ItemId
 from .explain import explain as explain_request
 from .lookups import Assembly, Caches, assemble
-from .records import RankResult
+from .records import RankResult, thread_run_wait_ns
 from .scorers import SCORERS, make_scorer
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ class Engine:
     def rank(self, req: RankRequest, method: str | None = None, keep_tensors: bool = False,
              explain: bool = False, **overrides) -> RankResult:
         """Ranks req.candidates; raises RcllmError for bad input."""
-        t0, cpu0 = time.perf_counter(), time.thread_time()
+        t0, cpu0, wait0 = time.perf_counter(), time.thread_time(), thread_run_wait_ns()
         reuse = self.reuse_config(req, method, **overrides)
         prompt = self.strategy.prompt(req)                                      # prompt
         t1 = time.perf_counter()
@@ -136,6 +136,7 @@ class Engine:
         if logits.is_cuda:  # the clock stops when the first token's logits exist, not sooner
             torch.cuda.synchronize(logits.device)
         cpu_ms = (time.thread_time() - cpu0) * 1e3   # read inside the TTFT's window: <= it
+        wait1 = thread_run_wait_ns()
         ttft_ms = (time.perf_counter() - t0) * 1e3
         with torch.inference_mode():
             scores_t = self.strategy.after_first_token(self.model, prompt, inp, scores_t, logits)
@@ -147,6 +148,8 @@ class Engine:
         stats.add_prefill(res, inp.kind.cpu())
         stats.build_ms, stats.assemble_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
         stats.prefill_ms, stats.thread_cpu_ms = ttft_ms - (t2 - t0) * 1e3, cpu_ms
+        if wait0 is not None and wait1 is not None:
+            stats.run_wait_ms = (wait1 - wait0) / 1e6
         result = RankResult(sorted(prompt.candidates, key=lambda c: -scores[c]), scores,
                             reuse.method, ttft_ms, total_ms, stats)
         if explain:

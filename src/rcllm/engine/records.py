@@ -12,6 +12,16 @@ import torch
 from ..prompt.builder import KINDS
 from ..records import ItemId
 
+
+def thread_run_wait_ns() -> int | None:
+    """Nanoseconds the calling thread has been runnable but not running, waiting for a core
+    (the second field of Linux's /proc/thread-self/schedstat); None where it is not reported."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
 # where a slot's KV came from before the prefill (explain): fresh = computed in the request
 SOURCES = ("fresh", "prefix", "user_prefix", "chunk", "prototype")
 
@@ -50,8 +60,13 @@ class RankStats(Mapping):
     assemble_ms: float = 0.0         # cache look-ups + KV gather
     prefill_ms: float = 0.0          # prefill + first-token scoring
     # CPU time of the thread that ran the request, up to the first token: with model.threads=1
-    # every op runs on it, so thread_cpu_ms below the TTFT is time it waited for a core
+    # every op runs on it, so thread_cpu_ms below the TTFT is time it waited (for a core or on
+    # I/O)
     thread_cpu_ms: float = 0.0
+    # of the rest, the time that thread was runnable but waiting for a core (Linux schedstat;
+    # None where the kernel does not report it): TTFT - thread_cpu_ms - run_wait_ms is the time
+    # it was blocked (a Redis round trip, a lock)
+    run_wait_ms: float | None = None
     # the engine's own work after the answer, on the request's thread (prefix insert, queueing
     # or running the builds, storing the user side): the engine is busy, the clock stopped
     after_ms: float = 0.0
