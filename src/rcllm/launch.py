@@ -98,7 +98,7 @@ def make_stored_engine(cfg: RcllmConfig, items, scorer: str = "verbalizer",
 
     loaded = load_model(cfg.model)
     store = build_store(cfg.reuse.store_bytes, kv_dir, disk_bytes or DEFAULT_DISK_BYTES,
-                        history_bytes, encoding, redis_url)
+                        history_bytes, encoding, redis_url, cfg.reuse.behind_nice)
     engine = Engine(loaded, items, cfg, store=store, scorer=scorer)
     attach_check(store, engine_key_check(engine))
     return engine

@@ -310,3 +310,30 @@ def test_a_requests_misses_are_queued_without_waiting_for_a_running_build():
         jobs.put(None)
         builder.join(30)
     assert passes == [[(1, 2), (3, 4, 5), (6,)]]   # one pass built all three
+
+
+def test_the_builder_thread_yields_the_core_to_the_request_path():
+    """`build_store(..., behind_nice=N)`: the thread that builds behind the answers runs N
+    nicer than the caller (the engine's request threads keep their priority)."""
+    import os
+
+    def nice_of_this_thread():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    mine = nice_of_this_thread()
+    for behind_nice, want in ((0, mine), (7, min(19, mine + 7))):
+        store, seen = build_store(1 << 20, behind_nice=behind_nice), []
+        store.run_behind("probe", lambda: seen.append(nice_of_this_thread()))
+        store.flush()
+        assert seen == [want] and nice_of_this_thread() == mine
+        close_store(store)
+
+
+def test_behind_nice_is_checked():
+    import pytest
+
+    from rcllm.config import ReuseConfig
+    from rcllm.errors import RcllmError
+
+    with pytest.raises(RcllmError, match="behind_nice"):
+        ReuseConfig(behind_nice=20).validate()

@@ -88,6 +88,7 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert args.func(args) == 0
     report = json.loads((out / "sweep.json").read_text())
     assert report["capacity_rps"] > 0 and report["trace"]["requests"] == 6
+    assert report["behind_nice"] == 10           # the default the simulator weighs builders by
     cells = report["cells"]
     assert [(c["method"], c["policy"]) for c in cells[:3]] == [
         ("full", "load-only"), ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.3/0.3", "round-robin")]

@@ -168,6 +168,39 @@ def test_work_behind_an_answer_shares_the_cores_with_the_next_request():
     assert rows[0]["behind_ms_per_request"] is None
 
 
+def test_a_niced_builder_takes_only_its_weight_of_a_shared_core():
+    """At the served `reuse.behind_nice` (recorded in the sweep) a builder weighs
+    behind_weight(nice) of an engine thread: on one core the next request runs at
+    1/(1 + w) of full speed while the build runs, not at half; at nice 0 the same as before."""
+    assert served.core_shares([1.0, 1.0, 1.0], 2) == pytest.approx([2 / 3] * 3)
+    assert served.core_shares([1.0, 0.1], 2) == [1.0, 1.0]
+    assert served.core_shares([1.0, 1.0, 0.1, 0.1], 2) == pytest.approx(
+        [2 / 2.2, 2 / 2.2, 0.2 / 2.2, 0.2 / 2.2])
+    assert served.core_shares([1.0, 0.05], 1.5) == pytest.approx([1.0, 0.5])  # capped at a core
+    assert served.behind_weight(0) == 1.0 and served.behind_weight(10) == pytest.approx(110 / 1024)
+    profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
+    one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])
+    b = served.behind_ms(profile, 200, 200)
+    reqs = [dict(_request("rcllm", 500, 500, 0), behind_tokens=[[200, 200]]),
+            _request("rcllm", 500, 500, 0)]
+    at = [0, one / 1e3]
+    w = served.behind_weight(10)
+    assert one < b / w            # the request ends before the niced build has had b of core
+    niced, _, _ = served.simulate_cell(at, reqs, profile, 1, "affinity", cores=1,
+                                       builder_weight=w)
+    even, _, _ = served.simulate_cell(at, reqs, profile, 1, "affinity", cores=1)
+    # niced: at 1/(1 + w) of a core the whole time; at nice 0 half a core while the build
+    # runs (2b), then alone: b later
+    assert niced == pytest.approx([one, one * (1 + w)], rel=1e-6)
+    assert even == pytest.approx([one, one + b], rel=1e-6)
+    sweep = {"instances": 1, "capacity_rps": 1.0, "cpu_count": 1, "behind_nice": 10,
+             "cells": [{"arrivals_s": at, "requests": reqs, "policy": "affinity",
+                        "rate_rps": 0.5, "series": "s", "method": "rcllm", "ttft_p50_ms": 1.0,
+                        "ttft_p99_ms": 1.0, "engine_ttft_p50_ms": 1.0}]}
+    _, summary = served.predict_sweep(sweep, profile)
+    assert summary["behind_nice"] == 10 and summary["behind_weight"] == pytest.approx(w)
+
+
 def test_behind_work_is_priced_by_the_builds_a_bench_run_timed(tmp_path):
     """bench ttft's timed chunk builds give a fixed cost per job plus one per token
     (`fit_behind`); the simulator prices each behind job with it, so a chunk costs its per-call

@@ -335,6 +335,8 @@ def run_sweep(args) -> int:
               "cells_arrival_span_s": span_s, "slo_ms": args.slo_ms,
               "instances": args.instances, "router_profile": profile,
               "cpu_count": os.cpu_count(), "series": [s.__dict__ for s in series],
+              # the instances' builder threads' niceness (the simulator weighs them by it)
+              "behind_nice": spec.engine_config()[0].reuse.behind_nice,
               "wall_s": time.perf_counter() - t_start, "cells": cells}
     write_outputs(report, args.out)
     print(f"sweep: {len(cells)} cells in {report['wall_s']:.0f} s; outputs in {args.out}")

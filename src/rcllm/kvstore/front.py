@@ -20,6 +20,9 @@ per chunk kind.
   engine's exact user side, `reuse.user_side=behind`, which `job` stores in the user-prefix
   cache itself).
 
+`nice`: the builder thread's niceness above its process's (the engine's `reuse.behind_nice`):
+work behind the answers yields the cores to the request path and runs on what it leaves.
+
 `flush()` waits for every queued build (the one-shot commands call it through `close()` before
 exiting, so the next `rank` finds what this one built). Thread-safe. A compute function runs on
 the builder thread concurrently with the caller's next request: it must not share mutable state
@@ -29,6 +32,7 @@ with it (the engine's `compute_chunk` runs a plain forward pass).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from typing import Callable
@@ -43,9 +47,18 @@ _STOP = object()
 BUILD_COUNTERS = ("queued", "built", "shared", "dropped", "errors")
 
 
+def lower_priority(nice: int) -> None:
+    """Raises the calling thread's niceness by `nice` (Linux: setpriority on a thread id acts on
+    that thread only), so its work yields the core to threads at the default priority."""
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
 class StoreFront:
-    def __init__(self, inner: KVStore, queue_size: int = 256, check: KeyCheck | None = None):
+    def __init__(self, inner: KVStore, queue_size: int = 256, check: KeyCheck | None = None,
+                 nice: int = 0):
         self.inner = inner
+        self.nice = nice
         self.check = check
         self.latency = TierLatency()
         self._flight: SingleFlight[bool] = SingleFlight()
@@ -137,6 +150,8 @@ class StoreFront:
         return True
 
     def _loop(self) -> None:
+        if self.nice:
+            lower_priority(self.nice)
         while (job := self._jobs.get()) is not _STOP:
             key, run = job
             try:

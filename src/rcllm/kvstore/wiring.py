@@ -202,11 +202,13 @@ def parse_redis_url(url: str) -> tuple[str, int]:
 
 def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
                 disk_bytes: int = DEFAULT_DISK_BYTES, history_bytes: int | None = None,
-                encoding: str = "raw", redis_url: str | None = None) -> KVStore:
+                encoding: str = "raw", redis_url: str | None = None,
+                behind_nice: int = 0) -> KVStore:
     """Memory (with a separate `history_bytes` budget for review chunks when given), then a
     DiskStore at `kv_dir`, then Redis at `redis_url`, each when given, behind read-through and
     write-behind (TieredStore), all behind a StoreFront (build-behind with singleflight, counts
-    per chunk kind). `encoding` ("raw" | "int8") applies to disk and Redis. Attach the engine's
+    per chunk kind; its builder thread at niceness `behind_nice`). `encoding` ("raw" | "int8")
+    applies to disk and Redis. Attach the engine's
     KeyCheck once the engine exists (`attach_check(store, engine_key_check(engine))`)."""
     memory: KVStore = MemoryLRUStore(memory_bytes)
     if history_bytes is not None:
@@ -222,7 +224,7 @@ def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
         host, port = parse_redis_url(redis_url)
         lower.append(RedisStore(host, port, encoding=encoding))
     if not lower:
-        return StoreFront(memory)
+        return StoreFront(memory, nice=behind_nice)
     from .tiered import TieredStore
 
-    return StoreFront(TieredStore(memory, lower))
+    return StoreFront(TieredStore(memory, lower), nice=behind_nice)

@@ -165,12 +165,42 @@ def behind_ms(profile: SpeedProfile, computed: float, context: float,
     return float(computed * (profile.ms_per_token + profile.ms_per_token_ctx * context))
 
 
+# Linux CFS's weight of a thread per niceness 0..19 (kernel/sched/core.c sched_prio_to_weight)
+CFS_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137,
+               110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+
+
+def behind_weight(nice: int) -> float:
+    """The CPU weight of a builder thread at `nice` relative to an engine thread at 0."""
+    return CFS_WEIGHTS[max(0, min(19, int(nice)))] / CFS_WEIGHTS[0]
+
+
+def core_shares(weights: list[float], cores: float) -> list[float]:
+    """Each runnable thread's speed (fraction of one core) when threads of these CPU weights
+    share `cores` (weighted processor sharing: a thread never runs faster than one core; what
+    a capped thread cannot use goes to the others by weight)."""
+    if len(weights) <= cores:
+        return [1.0] * len(weights)
+    rates, left, free = [0.0] * len(weights), float(cores), set(range(len(weights)))
+    while free:
+        lam = left / sum(weights[i] for i in free)
+        capped = [i for i in free if lam * weights[i] >= 1.0]
+        if not capped:
+            for i in free:
+                rates[i] = lam * weights[i]
+            break
+        for i in capped:
+            rates[i], left = 1.0, left - 1.0
+            free.discard(i)
+    return rates
+
+
 def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
                   instances: int, policy: str, routing: str = "replay",
                   overhead_ms: float = 0.0,
                   busy_slowdown: float | Mapping[str, float] = 1.0,
                   cores: float | None = None, behind_cost: BehindCost | None = None,
-                  scale: float = 1.0, measured: bool = False
+                  scale: float = 1.0, measured: bool = False, builder_weight: float = 1.0
                   ) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed).
@@ -181,7 +211,9 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
     per engine method (`slowdown_of`); behind work slows by the "*" value.
     `cores`: the work a request queued behind its answer (`behind_tokens`: chunk builds, the
     exact user side) runs on its instance's builder thread, one job at a time, beside the
-    engine; with more busy threads than cores each gets cores/threads of one. None: behind
+    engine; with more busy threads than cores they share them by CPU weight (`core_shares`: an
+    engine thread weighs 1, a builder `builder_weight`, `behind_weight` of the served
+    `reuse.behind_nice`; at equal weights each gets cores/threads of one). None: behind
     work is left out (the model before it was recorded). `behind_cost`: `behind_ms`'s price of
     a job. `scale`: every engine and behind time is multiplied by it (`speed_scale`: the
     machine's speed during the cell against the fit run's). `measured`: each request's service
@@ -221,20 +253,22 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
         busy = [d for d in range(instances) if serving[d] is not None]
         builders = [d for d in range(instances) if building[d]]
         threads = len(busy) + len(builders)
-        share = min(1.0, cores / threads) if cores and threads else 1.0
+        shares = (core_shares([1.0] * len(busy) + [builder_weight] * len(builders), cores)
+                  if cores and threads else [1.0] * threads)
 
-        def speed(f: float) -> float:
+        def speed(f: float, share: float) -> float:
             return (1.0 if threads <= 1 else 1.0 / f) * share
 
-        run = {d: speed(jobs[serving[d]][4]) for d in busy}
+        run = {d: speed(jobs[serving[d]][4], sh) for d, sh in zip(busy, shares)}
+        brun = {d: speed(f_behind, sh) for d, sh in zip(builders, shares[len(busy):])}
         t_done = min([t + left[d] / run[d] for d in busy]
-                     + [t + bleft[d] / speed(f_behind) for d in builders], default=np.inf)
+                     + [t + bleft[d] / brun[d] for d in builders], default=np.inf)
         t_next = jobs[nxt][0] if nxt < len(jobs) else np.inf
         now = min(t_done, t_next)
         for d in busy:
             left[d] -= (now - t) * run[d]
         for d in builders:
-            bleft[d] -= (now - t) * speed(f_behind)
+            bleft[d] -= (now - t) * brun[d]
         t = now
         for d in builders:
             if bleft[d] <= 1e-9:
@@ -287,6 +321,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
         behind, fit_reference_ms, busy_slowdown = False, None, 1.0
     recorded = any("behind_tokens" in r for c in sweep["cells"] for r in c["requests"])
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
+    # the builder threads' niceness the sweep served with (sweeps before it existed: 0)
+    nice = int(sweep.get("behind_nice", 0))
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
         int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
     capacity = sweep.get("capacity_rps")
@@ -295,7 +331,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
         scale = speed_scale(c, fit_reference_ms)
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
                                        routing, overhead_ms, busy_slowdown, cores,
-                                       behind_cost, scale, measured)
+                                       behind_cost, scale, measured, behind_weight(nice))
         ok = [r for r in c["requests"] if r["status"] == 200]
         work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
                     for n, ctx in r.get("behind_tokens", []))
@@ -343,6 +379,8 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
                "behind_cores": cores, "behind_recorded": recorded,
+               # the builders' niceness in the sweep and their CPU weight against an engine's
+               "behind_nice": nice, "behind_weight": behind_weight(nice),
                # [fixed ms, ms per token] fitted on timed builds; None: priced as forward passes
                "behind_cost": list(behind_cost) if behind_cost else None,
                # the fit run's reference pass (ms); None: cells not scaled to the fit's speed
