@@ -22,7 +22,8 @@ side its instance queued after answering, recorded by the engine) run on that in
 thread, one job at a time, priced by the chunk builds the fit run timed (`fit_behind`: a fixed
 cost per job plus one per token; runs recorded before builds were timed price a job as a plain
 forward pass, `behind_ms`); the engines and busy builders share the sweep machine's cores
-(processor sharing). Sweeps recorded before `behind_tokens` existed are predicted without it
+(processor sharing weighted by CPU weight: a builder at the sweep's `behind_nice` weighs
+`behind_weight` of an engine thread). Sweeps recorded before `behind_tokens` existed are predicted without it
 (the summary says so).
 
 What the model leaves out (the comparison shows how much it matters): the router's CPU, Redis
