@@ -67,7 +67,7 @@ class ReuseConfig:
     cache_misses: bool = opt(True, "store the KV of chunk misses after answering")
     prefix_insert: bool = opt(True, "exact prompts (full, prefix) feed the prefix cache; benchmarks turn it off so a request never hits its own earlier run")
     store_bytes: int = opt(4 << 30, "byte budget of the in-memory chunk store")
-    behind_nice: int = opt(10, "niceness (0-19) of the thread that builds chunk misses behind the answers: above 0 a build yields the core to the request path (served sweep: engine threads waited for a core 24 percent of their time at nice 0); 0 = the engine's priority")
+    behind_nice: int = opt(10, "niceness (0-19) of the thread that builds chunk misses behind the answers: above 0 a build yields the core to the request path (served sweep at 1.3x capacity: reuse requests' engine threads waited for a core 22-29 percent of their time at nice 0, 11-13 percent at 10); 0 = the engine's priority")
     prototypes: bool = opt(True, "fill review chunks missing from the exact cache from the history prototype library (when history.library is set)")
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
     budget_scope: str = opt("prompt", "rcllm: what a kind's recompute budget is spread over: \"prompt\" (the best-scored reused tokens of the whole prompt) or \"block\" (each pointwise candidate block recomputes the same share of its own item tokens, so no candidate's score is recomputed more than another's)")

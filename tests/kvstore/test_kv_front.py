@@ -337,3 +337,21 @@ def test_behind_nice_is_checked():
 
     with pytest.raises(RcllmError, match="behind_nice"):
         ReuseConfig(behind_nice=20).validate()
+
+
+def test_a_builder_that_cannot_lower_its_priority_still_builds(monkeypatch, caplog):
+    """Where the kernel refuses a per-thread niceness the builder says so and builds anyway
+    (a builder thread that died would leave every miss unbuilt)."""
+    import os
+
+    def refuse(*_a):
+        raise OSError("no per-thread priorities here")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    store, ran = build_store(1 << 20, behind_nice=10), []
+    store.run_behind("probe", lambda: ran.append(1))
+    deadline = time.monotonic() + 5      # not flush(): a dead builder would never drain
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == [1] and "left at the engine's priority" in caplog.text
+    close_store(store)

@@ -151,7 +151,10 @@ class StoreFront:
 
     def _loop(self) -> None:
         if self.nice:
-            lower_priority(self.nice)
+            try:
+                lower_priority(self.nice)
+            except OSError as exc:  # a kernel without per-thread priorities: build anyway
+                log.warning("builder thread left at the engine's priority (%s)", exc)
         while (job := self._jobs.get()) is not _STOP:
             key, run = job
             try:
