@@ -119,7 +119,8 @@ def _validate(args) -> int:
 
 def _sweep(args) -> int:
     from ..sim.served import (fit_behind, fit_profile, load_fit_extras, load_sweep,
-                              predict_sweep, write_outputs)
+                              predict_sweep)
+    from ..sim.served_report import write_outputs
 
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
