@@ -16,9 +16,11 @@
 #   sim-validate   simulator.md validation: 3 + 3 bench ttft runs, both directions (~40 min)
 #   serve-scaling  serving.md "Measured": 1 vs 2 instances, tiny model, 2 runs (~2 min)
 #   serve-targets  serving.md issue-17 targets (needs ADAPTER=<Magazine adapter>) (~23 min)
-#   serve-sweep    serving.md rate sweep (bench serve --sweep, SmolLM2, Magazine) (<= 40 min)
-#   sim-sweep      simulator.md served sweep prediction: bench ttft fit + sim sweep (~5 min;
-#                  needs serve-sweep's output)
+#   serve-calib    simulator.md served calibration: one short served run at 1.0x (another
+#                  trace seed), whose engine CPU per request gives sim-sweep's served F (~4 min)
+#   serve-sweep    serving.md rate sweep (bench serve --sweep, SmolLM2, Magazine) (~24 min)
+#   sim-sweep      simulator.md served sweep prediction: bench ttft fit + sim sweep (~3 min;
+#                  needs serve-sweep's output, and serve-calib's for its served-F row)
 # Environment: PY (default: python3), DATA (default ../shared/data/amazon2018 from the repo
 # root), ADAPTER (serve-targets; the stage is skipped, saying so, without it), SWEEP_REQUESTS,
 # SWEEP_RATES (serve-sweep's size; defaults: 30 requests per cell, 0.4x,0.7x,1.0x,1.3x,1.6x,2.0x).
@@ -35,7 +37,7 @@ DATA=$(realpath "${DATA:-../shared/data/amazon2018}")
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(sim-profiles sim-bench sim-run sim-amazon sim-projection shapes-tiny
-                                   sim-validate serve-scaling serve-targets serve-sweep sim-sweep)
+                                   sim-validate serve-scaling serve-targets serve-calib serve-sweep sim-sweep)
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 rcllm() { "$PY" -m rcllm.cli "$@"; }
@@ -126,6 +128,13 @@ stage_serve_sweep() {
       --requests "${SWEEP_REQUESTS:-30}" --rates "${SWEEP_RATES:-0.4x,0.7x,1.0x,1.3x,1.6x,2.0x}" \
       --queue-size 8 --slo-ms 5000 --set model.threads=1 --out sweep
 }
+stage_serve_calib() {
+  # a separate served run for the simulator's served slowdown: the sweep's shape and series at
+  # one rate, on another slice of the trace (--seed 1), never the sweep it is used to predict
+  rcllm bench serve --sweep "${MAG[@]}" --scorer pointwise ${ADAPTER:+--adapter "$ADAPTER"} \
+      --requests "${SWEEP_REQUESTS:-30}" --rates 1.0x --policies affinity --seed 1 \
+      --queue-size 8 --slo-ms 5000 --set model.threads=1 --out calib
+}
 stage_sim_sweep() {
   # the profile is fitted on a separate bench ttft run of the same model and scorer, never
   # on the sweep
@@ -149,6 +158,16 @@ stage_sim_sweep() {
   wait
   rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
       --busy-from ttft_fit.json,ttft_shared_a.json --out replay-busy
+  # each cell scaled by its speed reference (off by default since 2026-12-05)
+  rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+      --speed-reference --out replay-reference
+  # F from the separate served run: the served engine's CPU per request over the profile
+  if [ -f "$OUT/serve-calib/calib/sweep.json" ]; then
+    rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+        --served-from "$OUT/serve-calib/calib/sweep.json" --out replay-served
+  else
+    echo "no $OUT/serve-calib/calib/sweep.json: run the serve-calib stage for the served-F row"
+  fi
 }
 
 for s in "${STAGES[@]}"; do

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rcllm.routing.fit import predict_ms
-from rcllm.sim import served
+from rcllm.sim import served, slowdown
 from rcllm.commands.sim import register
 
 
@@ -246,14 +246,14 @@ def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
     alone = [{"user_id": u, "method": "full", "variant": "full", "ttft_ms": 100.0 + u}
              for u in range(5)]
     shared = [{**r, "ttft_ms": r["ttft_ms"] * f} for r, f in zip(alone, (1.5, 1.6, 1.7, 9, 1))]
-    f, n = served.busy_slowdown_from(alone, shared)
+    f, n = slowdown.busy_slowdown_from(alone, shared)
     assert (f, n) == ({"full": pytest.approx(1.6), "*": pytest.approx(1.6)}, 5)
     # per engine method: a method slowed more is priced so; an unmeasured one gets "*"
     rcllm = [{**r, "method": "rcllm", "variant": "rcllm 0.3/0.3"} for r in alone]
-    f, n = served.busy_slowdown_from(alone + rcllm, shared + [
+    f, n = slowdown.busy_slowdown_from(alone + rcllm, shared + [
         {**r, "ttft_ms": r["ttft_ms"] * 2.0} for r in rcllm])
     assert n == 10 and f["rcllm"] == pytest.approx(2.0) and f["full"] == pytest.approx(1.6)
-    assert served.slowdown_of(f, "naive") == f["*"] and served.slowdown_of(1.3, "full") == 1.3
+    assert slowdown.slowdown_of(f, "naive") == f["*"] and slowdown.slowdown_of(1.3, "full") == 1.3
     profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
     reqs = [_request("full", 500, 500, 0), _request("rcllm", 500, 150, 1)]
     one = served.service_ms(profile, "full", 500, 500)
@@ -262,7 +262,7 @@ def test_busy_slowdown_is_measured_on_two_runs_of_the_same_requests():
                                       busy_slowdown={"full": 1.0, "rcllm": 2.0})
     assert ttft[1] == pytest.approx(2 * fast) and ttft[0] == pytest.approx(one)
     with pytest.raises(Exception, match="share no request"):
-        served.busy_slowdown_from(alone, [{**shared[0], "user_id": 99}])
+        slowdown.busy_slowdown_from(alone, [{**shared[0], "user_id": 99}])
 
 
 def test_served_overlap_script_splits_requests_by_the_other_instances_work():
@@ -292,8 +292,8 @@ def test_served_overlap_script_splits_requests_by_the_other_instances_work():
 
 def test_each_cell_is_scaled_to_the_machines_speed_by_the_reference_pass(tmp_path):
     """The VM's speed drifts between runs: a cell whose reference pass (timed before it) ran
-    10% slower than the fit run's is predicted 10% slower, a cell without one is unscaled, and
-    `--no-speed-reference` turns the scaling off."""
+    10% slower than the fit run's is predicted 10% slower with `--speed-reference`, a cell
+    without one is unscaled, and without the flag (the default) nothing is scaled."""
     import argparse
 
     profile = served.fit_profile(_fit_records(np.random.default_rng(1)))
@@ -318,18 +318,78 @@ def test_each_cell_is_scaled_to_the_machines_speed_by_the_reference_pass(tmp_pat
                                  "capacity_rps": 10.0, "cells": cells}))
     top = argparse.ArgumentParser()
     register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
-    for extra, errors in (([], [0.0, 1 - 1 / 1.1]),
+    for extra, errors in ((["--speed-reference"], [0.0, 1 - 1 / 1.1]),
+                          ([], [1 - 1 / 1.1, 1 - 1 / 1.1]),
                           (["--no-speed-reference"], [1 - 1 / 1.1, 1 - 1 / 1.1])):
-        out = tmp_path / f"out{len(extra)}"
+        out = tmp_path / f"out{'-'.join(extra)}"
         args = top.parse_args(["sim", "sweep", "--sweep-json", str(sweep), "--fit-json",
                                str(fit), "--out", str(out)] + extra)
         assert args.func(args) == 0
         report = json.loads((out / "sim_sweep.json").read_text())
         assert [r["p50_rel_err"] for r in report["rows"]] == pytest.approx(errors, abs=1e-6)
-        assert report["summary"]["fit_reference_ms"] == (None if extra else 100.0)
+        assert report["summary"]["fit_reference_ms"] == (100.0 if extra == ["--speed-reference"]
+                                                         else None)
     # a fit run recorded before the reference existed leaves every cell unscaled
     fit.write_text(json.dumps({"summary": {"requests": _fit_records(np.random.default_rng(1))}}))
     assert served.load_fit_extras([str(fit)]) == ([], None)
+
+
+def test_served_slowdown_is_the_engine_cpu_of_a_separate_served_run_over_the_profile(tmp_path):
+    """--served-from: F per method is the median of a separate served run's engine thread CPU
+    over the profile's price of the same tokens (requests without thread_cpu_ms or not
+    answered are left out); the sweep being predicted is refused as its own calibration, and
+    only one source of F is taken."""
+    import argparse
+
+    profile = served.fit_profile(_fit_records(np.random.default_rng(2)))
+    price = lambda m, c, x: served.service_ms(profile, m, c, x)  # noqa: E731
+
+    def req(method, comp, f, **kw):
+        return {**_request(method, 600, comp, 0), "ttft_ms": 9e9,
+                "thread_cpu_ms": f * price(method, comp, 600), **kw}
+
+    cal = {"name": "bench.serve.sweep", "instances": 2, "capacity_rps": 10.0, "start_s": 3.0,
+           "cells": [{"rate_rps": 1.0, "series": "s", "method": "rcllm", "policy": "affinity",
+                      "arrivals_s": [0.0] * 6, "ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0,
+                      "engine_ttft_p50_ms": 1.0,
+                      "requests": [req("full", 600, 1.02), req("full", 600, 1.06),
+                                   req("full", 600, 1.10), req("rcllm", 180, 1.2),
+                                   req("rcllm", 180, 9.0, status=503),
+                                   {**req("rcllm", 180, 1.0), "thread_cpu_ms": None}]}]}
+    f, n = slowdown.served_slowdown_from(cal, price)
+    assert n == 4 and f["full"] == pytest.approx(1.06) and f["rcllm"] == pytest.approx(1.2)
+    assert f["*"] == pytest.approx((1.06 + 1.10) / 2)
+    f2, _ = slowdown.served_slowdown_from(cal, price, lambda cell: 2.0)
+    assert f2["full"] == pytest.approx(0.53)          # priced at the cell's speed scale
+    with pytest.raises(Exception, match="thread_cpu_ms"):
+        slowdown.served_slowdown_from({"cells": [{"requests": []}]}, price)
+    # the CLI: F from the calibration run slows the predicted cell where both instances compute
+    fit = tmp_path / "ttft.json"
+    fit.write_text(json.dumps({"summary": {"requests": _fit_records(np.random.default_rng(2))}}))
+    reqs = [_request("full", 600, 600, k % 2) for k in range(2)]
+    one = price("full", 600, 600)
+    sweep = {**cal, "start_s": 4.0, "cells": [{**cal["cells"][0], "arrivals_s": [0.0, 0.0],
+                                                "requests": reqs, "ttft_p50_ms": one * 1.06,
+                                                "ttft_p99_ms": one * 1.06}]}
+    paths = {}
+    for name, data in (("cal", cal), ("sweep", sweep)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(data))
+    top = argparse.ArgumentParser()
+    register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
+    base = ["sim", "sweep", "--sweep-json", str(paths["sweep"]), "--fit-json", str(fit)]
+    args = top.parse_args(base + ["--served-from", str(paths["cal"]), "--out",
+                                  str(tmp_path / "out")])
+    assert args.func(args) == 0
+    report = json.loads((tmp_path / "out" / "sim_sweep.json").read_text())
+    assert report["rows"][0]["predicted_p50_ms"] == pytest.approx(one * 1.06)
+    assert report["summary"]["busy_slowdown"]["full"] == pytest.approx(1.06)
+    for extra, match in ((["--served-from", str(paths["sweep"])], "being predicted"),
+                         (["--served-from", str(paths["cal"]), "--busy-slowdown", "1.2"],
+                          "give one")):
+        args = top.parse_args(base + extra + ["--out", str(tmp_path / "bad")])
+        with pytest.raises(Exception, match=match):
+            args.func(args)
 
 
 

@@ -127,19 +127,35 @@ def _sweep(args) -> int:
     fit_paths = [p for p in args.fit_json.split(",") if p]
     builds, reference = load_fit_extras(fit_paths)
     cost = fit_behind(builds)
-    reference = None if args.no_speed_reference else reference
+    reference = reference if args.speed_reference else None
     if args.busy_slowdown <= 0:
         raise RcllmError("--busy-slowdown must be > 0")
+    if sum([bool(args.busy_from), bool(args.served_from), args.busy_slowdown != 1.0]) > 1:
+        raise RcllmError("--busy-slowdown, --busy-from and --served-from each set F: give one")
     slowdown, pairs = args.busy_slowdown, None
     if args.busy_from:
         from ..routing.validate import load_bench_requests
-        from ..sim.served import busy_slowdown_from
+        from ..sim.slowdown import busy_slowdown_from
 
         paths = args.busy_from.split(",")
         if len(paths) != 2:
             raise RcllmError("--busy-from takes ALONE.json,SHARED.json")
         slowdown, pairs = busy_slowdown_from(*(load_bench_requests(p) for p in paths))
         print(f"busy slowdown per method (median over {pairs} requests, {args.busy_from}): "
+              + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
+    if args.served_from:
+        from ..sim.served import service_ms, speed_scale
+        from ..sim.slowdown import same_run, served_slowdown_from
+
+        calibration = load_sweep(args.served_from)
+        if same_run(calibration, sweep):
+            raise RcllmError(f"--served-from {args.served_from} is the sweep being predicted: "
+                             "F must come from a separate served run")
+        slowdown, pairs = served_slowdown_from(
+            calibration, lambda m, c, x: service_ms(profile, m, c, x),
+            lambda cell: speed_scale(cell, reference))
+        print(f"served slowdown per method (engine thread CPU over the profile's price, median "
+              f"over {pairs} requests of {args.served_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
     rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
                                   not args.no_behind, cost, reference, args.service)
@@ -159,7 +175,7 @@ def _sweep(args) -> int:
         print(f"each cell scaled to the machine's speed in it: cell reference / fit reference "
               f"({reference:.0f} ms) from {min(scales):.3f} to {max(scales):.3f}, median "
               f"{float(np.median(scales)):.3f} (cells without a reference: 1)")
-    elif not args.no_speed_reference:
+    elif args.speed_reference:
         print(f"note: {args.fit_json} has no speed reference (recorded before bench ttft timed "
               "it): cells not scaled to the machine's speed")
     if not summary["behind_recorded"]:
@@ -169,6 +185,7 @@ def _sweep(args) -> int:
                   {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
                    "min_repeats": args.min_repeats, "routing": args.routing,
                    "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
+                   "served_from": args.served_from,
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
                    "behind": not args.no_behind, "behind_cost": cost,
                    "fit_reference_ms": reference, "service": args.service})
@@ -302,9 +319,17 @@ def register(top, bench) -> None:
                     help="leave out the work each answer queues behind it (chunk builds, the "
                          "exact user side), which by default runs beside the engines on the "
                          "sweep machine's cores")
-    sw.add_argument("--no-speed-reference", action="store_true",
-                    help="do not scale each cell by its speed reference over the fit run's "
-                         "(the fixed pass both time: the machine's speed drifts between runs)")
+    sw.add_argument("--served-from", metavar="SWEEP_JSON",
+                    help="measure F on a separate served run instead (another bench serve "
+                         "--sweep's sweep.json, never the one predicted): per method the "
+                         "median engine thread CPU per request over the profile's price")
+    ref = sw.add_mutually_exclusive_group()
+    ref.add_argument("--speed-reference", dest="speed_reference", action="store_true",
+                     help="scale each cell by its speed reference over the fit run's (the "
+                          "128-token pass both time). Off by default: over seven whole sweeps "
+                          "of 2026-12-04 it put fewer cells within 15%% than leaving it out")
+    ref.add_argument("--no-speed-reference", dest="speed_reference", action="store_false",
+                     help="do not scale the cells (the default)")
     sw.add_argument("--service", choices=("profile", "measured"), default="profile",
                     help="what a request's engine time is: the fitted profile's price "
                          "(default), or the engine TTFT the sweep measured for it (the "

@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import RcllmError
 from ..routing.fit import fit_cpu_profile, predict_ms, relative_nnls
 from ..routing.profiles import SpeedProfile
+from .slowdown import slowdown_of
 
 
 def load_sweep(path: str) -> dict[str, Any]:
@@ -62,37 +63,6 @@ def load_sweep(path: str) -> dict[str, Any]:
                 raise RcllmError(f"{path}: requests lack context_tokens (a sweep recorded "
                                  "before they were; run it again)")
     return data
-
-
-def busy_slowdown_from(alone: list[dict], shared: list[dict]
-                       ) -> tuple[dict[str, float], int]:
-    """F for `simulate_cell` from two `bench ttft` runs of the same requests: one alone on the
-    machine, one while a second engine computed beside it (two copies started together).
-    Per engine method (`method`: full, prefix, naive, epic, cacheblend, rcllm) the median over
-    the requests both measured of shared / alone TTFT, and under "*" the median over all of
-    them (what methods the runs did not measure get); and how many requests there were. The
-    methods differ: a reuse method gathers and attends over stored KV and slows more when
-    another engine shares the memory bus than a compute-bound full prefill does."""
-    key = lambda r: (r.get("user_id"), r.get("variant", r["method"]))  # noqa: E731
-    base = {key(r): r["ttft_ms"] for r in alone if "user_id" in r}
-    ratios: dict[str, list[float]] = {}
-    for r in shared:
-        if key(r) in base and base[key(r)] > 0:
-            ratios.setdefault(r["method"], []).append(r["ttft_ms"] / base[key(r)])
-    every = [x for v in ratios.values() for x in v]
-    if not every:
-        raise RcllmError("--busy-from: the two runs share no request (same --data, "
-                         "--requests and --seed, with and without a second engine beside)")
-    out = {m: float(np.median(v)) for m, v in sorted(ratios.items())}
-    out["*"] = float(np.median(every))
-    return out, len(every)
-
-
-def slowdown_of(busy_slowdown: float | Mapping[str, float], method: str) -> float:
-    """A method's F: one number for every method, or per method with "*" for the rest."""
-    if isinstance(busy_slowdown, Mapping):
-        return float(busy_slowdown.get(method, busy_slowdown.get("*", 1.0)))
-    return float(busy_slowdown)
 
 
 def fit_profile(fit_requests: list[dict]) -> SpeedProfile:
