@@ -321,13 +321,15 @@ def register(top, bench) -> None:
                          "sweep machine's cores")
     sw.add_argument("--served-from", metavar="SWEEP_JSON",
                     help="measure F on a separate served run instead (another bench serve "
-                         "--sweep's sweep.json, never the one predicted): per method the "
-                         "median engine thread CPU per request over the profile's price")
+                         "--sweep's sweep.json, never the one predicted, e.g. the serve-calib "
+                         "stage of scripts/reproduce_tables.sh): per method the median engine "
+                         "thread CPU per request over the profile's price")
     ref = sw.add_mutually_exclusive_group()
     ref.add_argument("--speed-reference", dest="speed_reference", action="store_true",
                      help="scale each cell by its speed reference over the fit run's (the "
-                          "128-token pass both time). Off by default: over seven whole sweeps "
-                          "of 2026-12-04 it put fewer cells within 15%% than leaving it out")
+                          "128-token pass both time). Off by default: over eight whole sweeps "
+                          "it put fewer cells within 15%% than leaving it out (54 vs 61 of 128; "
+                          "74 vs 84 with --busy-from; docs/simulator.md)")
     ref.add_argument("--no-speed-reference", dest="speed_reference", action="store_false",
                      help="do not scale the cells (the default)")
     sw.add_argument("--service", choices=("profile", "measured"), default="profile",
