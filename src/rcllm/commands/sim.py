@@ -327,9 +327,9 @@ def register(top, bench) -> None:
     ref = sw.add_mutually_exclusive_group()
     ref.add_argument("--speed-reference", dest="speed_reference", action="store_true",
                      help="scale each cell by its speed reference over the fit run's (the "
-                          "128-token pass both time). Off by default: over eight whole sweeps "
-                          "it put fewer cells within 15%% than leaving it out (54 vs 61 of 128; "
-                          "74 vs 84 with --busy-from; docs/simulator.md)")
+                          "128-token pass both time). Off by default: over nine whole sweeps "
+                          "it put fewer cells within 15%% than leaving it out (61 vs 72 of 144; "
+                          "88 vs 97 with --busy-from; docs/simulator.md)")
     ref.add_argument("--no-speed-reference", dest="speed_reference", action="store_false",
                      help="do not scale the cells (the default)")
     sw.add_argument("--service", choices=("profile", "measured"), default="profile",

@@ -10,8 +10,8 @@ Two ways to measure it, neither on the sweep being predicted:
   calibration cell of `scripts/reproduce_tables.sh`; `--served-from`): each answer's engine
   thread CPU (`thread_cpu_ms`) over the profile's price of the same tokens. On this machine the
   served engine's thread spends 2–6% more CPU per request than `bench ttft` prices the same
-  prompt (median per sweep, eight sweeps of 2026-12-04) while two `bench ttft` copies side by
-  side show 0.97–1.04x; the cause is not isolated. The CPU, not the wall time: the wait for a core is
+  prompt (median per sweep, nine sweeps of 2026-12-04/05) while two `bench ttft` copies side by
+  side show 0.99–1.08x; the cause is not isolated. The CPU, not the wall time: the wait for a core is
   `simulate_cell`'s core sharing, and counting it here too would count it twice.
 """
 
