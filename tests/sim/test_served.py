@@ -450,3 +450,30 @@ def test_measured_service_replays_each_requests_own_engine_time():
     assert summary["service"] == "measured"
     with pytest.raises(Exception, match="service"):
         served.predict_sweep(sweep, profile, service="oracle")
+
+
+def test_served_wait_script_groups_requests_by_the_builds_beside_them():
+    """scripts/served_wait.py: a builder is busy from an answer for its behind work's price, so
+    the next request on that instance overlaps its own build and one on the other instance
+    overlaps the other's; wait / CPU comes from run_wait_ms over thread_cpu_ms."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "scripts" / "served_wait.py"
+    spec = importlib.util.spec_from_file_location("served_wait", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def req(instance, ttft, latency, wait, behind=()):
+        return {**_request("rcllm", 500, 150, instance), "ttft_ms": ttft, "latency_ms": latency,
+                "thread_cpu_ms": 100.0, "run_wait_ms": wait, "behind_tokens": list(behind)}
+
+    cell = {"arrivals_s": [0.0, 0.1, 0.1], "requests": [
+        req(0, 100.0, 100.0, 2.0, [[10, 20]]),   # answered at 100 ms; its build 100–160 ms
+        req(0, 100.0, 100.0, 15.0),              # engine 100–200 ms beside its own build
+        req(1, 100.0, 100.0, 12.0)]}             # engine 100–200 ms beside the other's
+    out = mod.rows({"cells": [cell]}, (50.0, 1.0))
+    assert out[:, 0] == pytest.approx([0.02, 0.15, 0.12])
+    assert out[1, 1:] == pytest.approx([1.0, 0.6, 0.0])
+    assert out[2, 1:] == pytest.approx([1.0, 0.0, 0.6])
+    assert out[0, 1:] == pytest.approx([0.0, 0.0, 0.0])
