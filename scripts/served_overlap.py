@@ -26,14 +26,9 @@ def rows(sweep: dict, profile) -> dict:
     out = defaultdict(list)
     for c in sweep["cells"]:
         ok = [r for r in c["requests"] if r["status"] == 200]
-        # the engine ran from (answer - total time) for ttft_ms; the answer left at sent + latency
-        spans = []
-        for r in ok:
-            start = r["sent_s"] * 1e3 + r["latency_ms"] - r["total_ms"]
-            spans.append((start, start + r["ttft_ms"], r["instance"]))
+        spans = served.engine_spans(ok)
         for r, (a, b, k) in zip(ok, spans):
-            other = sum(max(0.0, min(b, b2) - max(a, a2)) for a2, b2, k2 in spans if k2 != k)
-            overlap = other / max(1e-9, b - a)
+            overlap = served.overlap((a, b), [(a2, b2) for a2, b2, k2 in spans if k2 != k])
             band = "idle" if overlap < 0.2 else "busy" if overlap > 0.8 else "mid"
             pred = served.service_ms(profile, r["method"], r["recomputed_tokens"],
                                      r["context_tokens"])

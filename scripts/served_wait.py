@@ -6,8 +6,9 @@ chunk build on its own or the other instance's builder thread.
 
 SWEEP.json: `rcllm bench serve --sweep`'s sweep.json (recorded since `run_wait_ms` exists);
 FIT.json: a `bench ttft --json` run with timed chunk builds (`rcllm sim sweep --fit-json`).
-A request's engine span is [answer − ttft_ms, answer]; a builder's busy spans are rebuilt from
-the answers' `behind_tokens`, one job after another from each answer on, each priced by the
+A request's engine span is `served.engine_spans`' (the one `served_overlap.py` reads); a
+builder's busy spans are rebuilt from the answers' `behind_tokens`, one job after another from
+the end of each engine call on, each priced by the
 fit run's builds (`served.fit_behind`) — an estimate, since the sweep does not time builds.
 Prints, per group, the number of requests and the median and mean wait / CPU, and the least
 squares fit wait / CPU = a + b·(other engine's overlap) + c·(own builder's) + d·(other's).
@@ -23,33 +24,29 @@ import numpy as np
 from rcllm.sim import served
 
 
-def overlap(span: tuple[float, float], spans: list[tuple[float, float]]) -> float:
-    s, e = span
-    return min(1.0, sum(max(0.0, min(e, e2) - max(s, s2)) for s2, e2 in spans) / (e - s))
-
-
 def rows(sweep: dict, cost: tuple[float, float]) -> np.ndarray:
     """[wait / CPU, other engine overlap, own builder overlap, other builder overlap] per
     answered request with its wait recorded."""
     out = []
     for c in sweep["cells"]:
-        answered = [(a * 1e3 + r["latency_ms"], r) for a, r in zip(c["arrivals_s"], c["requests"])
+        answered = [r for r in c["requests"]
                     if r["status"] == 200 and r.get("run_wait_ms") is not None]
-        engine = [((end - r["ttft_ms"], end), int(r["instance"])) for end, r in answered]
+        engine = served.engine_spans(answered)
         builds: dict[int, list] = {}
         free: dict[int, float] = {}
-        for end, r in sorted(answered, key=lambda x: x[0]):
+        # a build starts when its request's engine call is over (answer = start + total_ms)
+        for (start, _, d), r in sorted(zip(engine, answered), key=lambda x: x[0][0]):
             work = sum(cost[0] + cost[1] * n for n, _ in r.get("behind_tokens", []))
             if work > 0:
-                d = int(r["instance"])
-                start = max(end, free.get(d, end))
-                free[d] = start + work
-                builds.setdefault(d, []).append((start, free[d]))
-        for (span, d), (_, r) in zip(engine, answered):
+                begin = max(start + r["total_ms"], free.get(d, 0.0))
+                free[d] = begin + work
+                builds.setdefault(d, []).append((begin, free[d]))
+        for (s, e, d), r in zip(engine, answered):
             out.append((r["run_wait_ms"] / r["thread_cpu_ms"],
-                        overlap(span, [s for s, d2 in engine if d2 != d]),
-                        overlap(span, builds.get(d, [])),
-                        overlap(span, [s for d2, b in builds.items() if d2 != d for s in b])))
+                        served.overlap((s, e), [(s2, e2) for s2, e2, d2 in engine if d2 != d]),
+                        served.overlap((s, e), builds.get(d, [])),
+                        served.overlap((s, e), [b for d2, bs in builds.items() if d2 != d
+                                                for b in bs])))
     return np.array(out).reshape(-1, 4)
 
 

@@ -464,14 +464,15 @@ def test_served_wait_script_groups_requests_by_the_builds_beside_them():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
 
-    def req(instance, ttft, latency, wait, behind=()):
-        return {**_request("rcllm", 500, 150, instance), "ttft_ms": ttft, "latency_ms": latency,
-                "thread_cpu_ms": 100.0, "run_wait_ms": wait, "behind_tokens": list(behind)}
+    def req(instance, sent_s, wait, behind=()):
+        return {**_request("rcllm", 500, 150, instance), "sent_s": sent_s, "ttft_ms": 100.0,
+                "total_ms": 100.0, "latency_ms": 100.0, "thread_cpu_ms": 100.0,
+                "run_wait_ms": wait, "behind_tokens": list(behind)}
 
-    cell = {"arrivals_s": [0.0, 0.1, 0.1], "requests": [
-        req(0, 100.0, 100.0, 2.0, [[10, 20]]),   # answered at 100 ms; its build 100–160 ms
-        req(0, 100.0, 100.0, 15.0),              # engine 100–200 ms beside its own build
-        req(1, 100.0, 100.0, 12.0)]}             # engine 100–200 ms beside the other's
+    cell = {"requests": [
+        req(0, 0.0, 2.0, [[10, 20]]),   # answered at 100 ms; its build 100–160 ms
+        req(0, 0.1, 15.0),              # engine 100–200 ms beside its own build
+        req(1, 0.1, 12.0)]}             # engine 100–200 ms beside the other's
     out = mod.rows({"cells": [cell]}, (50.0, 1.0))
     assert out[:, 0] == pytest.approx([0.02, 0.15, 0.12])
     assert out[1, 1:] == pytest.approx([1.0, 0.6, 0.0])

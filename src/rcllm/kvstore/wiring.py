@@ -223,8 +223,9 @@ def build_store(memory_bytes: int, kv_dir: str | os.PathLike | None = None,
 
         host, port = parse_redis_url(redis_url)
         lower.append(RedisStore(host, port, encoding=encoding))
-    if not lower:
-        return StoreFront(memory, nice=behind_nice)
-    from .tiered import TieredStore
+    inner = memory
+    if lower:
+        from .tiered import TieredStore
 
-    return StoreFront(TieredStore(memory, lower), nice=behind_nice)
+        inner = TieredStore(memory, lower)
+    return StoreFront(inner, nice=behind_nice)

@@ -265,6 +265,25 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
     return ttft, np.array([j[1] for j in jobs]), own
 
 
+def engine_spans(requests: list[dict]) -> list[tuple[float, float, int]]:
+    """(start ms, end ms, instance) of each request's engine call up to its first token, on the
+    load generator's clock: the engine ran from (answer − total_ms) for ttft_ms, and the answer
+    left at sent_s + latency_ms (the diagnostic scripts' common timeline)."""
+    out = []
+    for r in requests:
+        start = r["sent_s"] * 1e3 + r["latency_ms"] - r["total_ms"]
+        out.append((start, start + r["ttft_ms"], int(r["instance"])))
+    return out
+
+
+def overlap(span: tuple[float, float], spans: list[tuple[float, float]]) -> float:
+    """The fraction of `span` that `spans` cover (summed, at most 1)."""
+    (s, e), covered = span, 0.0
+    for s2, e2 in spans:
+        covered += max(0.0, min(e, e2) - max(s, s2))
+    return min(1.0, covered / max(1e-9, e - s))
+
+
 def _rel(pred: float, meas: float) -> float:
     return abs(pred - meas) / meas if meas > 0 else float("nan")
 
@@ -291,6 +310,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
     # the builder threads' niceness the sweep served with (sweeps before it existed: 0)
     nice = int(sweep.get("behind_nice", 0))
+    weight = behind_weight(nice)
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
         int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
     capacity = sweep.get("capacity_rps")
@@ -299,7 +319,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
         scale = speed_scale(c, fit_reference_ms)
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
                                        routing, overhead_ms, busy_slowdown, cores,
-                                       behind_cost, scale, measured, behind_weight(nice))
+                                       behind_cost, scale, measured, weight)
         ok = [r for r in c["requests"] if r["status"] == 200]
         work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
                     for n, ctx in r.get("behind_tokens", []))
@@ -348,7 +368,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
                "behind_cores": cores, "behind_recorded": recorded,
                # the builders' niceness in the sweep and their CPU weight against an engine's
-               "behind_nice": nice, "behind_weight": behind_weight(nice),
+               "behind_nice": nice, "behind_weight": weight,
                # [fixed ms, ms per token] fitted on timed builds; None: priced as forward passes
                "behind_cost": list(behind_cost) if behind_cost else None,
                # the fit run's reference pass (ms); None: cells not scaled to the fit's speed
