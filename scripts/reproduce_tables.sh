@@ -165,6 +165,11 @@ stage_sim_sweep() {
   if [ -f "$OUT/serve-calib/calib/sweep.json" ]; then
     rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
         --served-from "$OUT/serve-calib/calib/sweep.json" --out replay-served
+    # and the builders' CPU weight from it too (the weight at which its replay gives the
+    # engine time it measured) instead of CFS's weight of their niceness
+    rcllm sim sweep --sweep-json "$OUT/serve-sweep/sweep/sweep.json" --fit-json ttft_fit.json \
+        --served-from "$OUT/serve-calib/calib/sweep.json" --served-weight \
+        --out replay-served-weight
   else
     echo "no $OUT/serve-calib/calib/sweep.json: run the serve-calib stage for the served-F row"
   fi

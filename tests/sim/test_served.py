@@ -334,13 +334,26 @@ def test_each_cell_is_scaled_to_the_machines_speed_by_the_reference_pass(tmp_pat
     assert served.load_fit_extras([str(fit)]) == ([], None)
 
 
+def _served_cli(tmp_path, cal: dict, sweep: dict, fit) -> tuple:
+    """The `sim` command parser and the base of a `sim sweep` command line, with the
+    calibration run and the sweep written to tmp_path (cal.json, sweep.json)."""
+    import argparse
+
+    paths = {}
+    for name, data in (("cal", cal), ("sweep", sweep)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(data))
+    top = argparse.ArgumentParser()
+    register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
+    return top, ["sim", "sweep", "--sweep-json", str(paths["sweep"]), "--fit-json", str(fit)], \
+        str(paths["cal"]), str(paths["sweep"])
+
+
 def test_served_slowdown_is_the_engine_cpu_of_a_separate_served_run_over_the_profile(tmp_path):
     """--served-from: F per method is the median of a separate served run's engine thread CPU
     over the profile's price of the same tokens (requests without thread_cpu_ms or not
     answered are left out); the sweep being predicted is refused as its own calibration, and
     only one source of F is taken."""
-    import argparse
-
     profile = served.fit_profile(_fit_records(np.random.default_rng(2)))
     price = lambda m, c, x: served.service_ms(profile, m, c, x)  # noqa: E731
 
@@ -371,21 +384,14 @@ def test_served_slowdown_is_the_engine_cpu_of_a_separate_served_run_over_the_pro
     sweep = {**cal, "start_s": 4.0, "cells": [{**cal["cells"][0], "arrivals_s": [0.0, 0.0],
                                                 "requests": reqs, "ttft_p50_ms": one * 1.06,
                                                 "ttft_p99_ms": one * 1.06}]}
-    paths = {}
-    for name, data in (("cal", cal), ("sweep", sweep)):
-        paths[name] = tmp_path / f"{name}.json"
-        paths[name].write_text(json.dumps(data))
-    top = argparse.ArgumentParser()
-    register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
-    base = ["sim", "sweep", "--sweep-json", str(paths["sweep"]), "--fit-json", str(fit)]
-    args = top.parse_args(base + ["--served-from", str(paths["cal"]), "--out",
-                                  str(tmp_path / "out")])
+    top, base, cal_path, sweep_path = _served_cli(tmp_path, cal, sweep, fit)
+    args = top.parse_args(base + ["--served-from", cal_path, "--out", str(tmp_path / "out")])
     assert args.func(args) == 0
     report = json.loads((tmp_path / "out" / "sim_sweep.json").read_text())
     assert report["rows"][0]["predicted_p50_ms"] == pytest.approx(one * 1.06)
     assert report["summary"]["busy_slowdown"]["full"] == pytest.approx(1.06)
-    for extra, match in ((["--served-from", str(paths["sweep"])], "being predicted"),
-                         (["--served-from", str(paths["cal"]), "--busy-slowdown", "1.2"],
+    for extra, match in ((["--served-from", sweep_path], "being predicted"),
+                         (["--served-from", cal_path, "--busy-slowdown", "1.2"],
                           "give one")):
         args = top.parse_args(base + extra + ["--out", str(tmp_path / "bad")])
         with pytest.raises(Exception, match=match):
@@ -478,3 +484,55 @@ def test_served_wait_script_groups_requests_by_the_builds_beside_them():
     assert out[1, 1:] == pytest.approx([1.0, 0.6, 0.0])
     assert out[2, 1:] == pytest.approx([1.0, 0.0, 0.6])
     assert out[0, 1:] == pytest.approx([0.0, 0.0, 0.0])
+
+
+def test_builder_weight_is_measured_on_a_separate_served_run(tmp_path):
+    """--served-weight: the builders' CPU weight is the one at which the simulator, replaying
+    the --served-from run, gives the engine time that run measured; a run whose engine times
+    were made by the simulator at weight 0.3 gives back 0.3. The bounds when outside, a run
+    with no work behind its answers refused, and the CLI uses the weight it measured."""
+    profile = served.fit_profile(_fit_records(np.random.default_rng(3)))
+    reqs = [dict(_request("rcllm", 500 + 40 * k, 300, k % 2), behind_tokens=[[120, 120]])
+            for k in range(8)]
+    at = [0.1 * k for k in range(8)]
+    cell = {"rate_rps": 1.0, "series": "s", "method": "rcllm", "policy": "affinity",
+            "arrivals_s": at, "requests": reqs, "ttft_p50_ms": 1.0, "ttft_p99_ms": 1.0,
+            "engine_ttft_p50_ms": 1.0}
+
+    def engine_ms(c, w):
+        return served.simulate_engine(c["arrivals_s"], c["requests"], profile, 2, "affinity",
+                                      cores=2, builder_weight=w)[3]
+
+    alone = engine_ms(cell, 1e-3)
+    made = engine_ms(cell, 0.3)
+    assert made.sum() > alone.sum()               # the weight matters on this cell
+    for r, ms in zip(reqs, made):
+        r["ttft_ms"] = float(ms)
+    cal = {"name": "bench.serve.sweep", "instances": 2, "cpu_count": 2, "capacity_rps": 10.0,
+           "start_s": 5.0, "behind_nice": 10, "cells": [cell]}
+    w, n = slowdown.served_builder_weight(cal, engine_ms)
+    assert n == 8 and w == pytest.approx(0.3, abs=1e-3)
+    slow = {**cal, "cells": [{**cell, "requests": [{**r, "ttft_ms": 1e6} for r in reqs]}]}
+    fast = {**cal, "cells": [{**cell, "requests": [{**r, "ttft_ms": 1.0} for r in reqs]}]}
+    assert slowdown.served_builder_weight(slow, engine_ms)[0] == 1.0
+    assert slowdown.served_builder_weight(fast, engine_ms)[0] == 1e-3
+    bare = {**cal, "cells": [{**cell, "requests": [{k: v for k, v in r.items()
+                                                    if k != "behind_tokens"} for r in reqs]}]}
+    with pytest.raises(Exception, match="behind"):
+        slowdown.served_builder_weight(bare, engine_ms)
+    # the CLI: the weight measured on the calibration run replaces CFS's
+    fit = tmp_path / "ttft.json"
+    fit.write_text(json.dumps({"summary": {"requests": _fit_records(np.random.default_rng(3))}}))
+    for r in reqs:
+        r["thread_cpu_ms"] = served.service_ms(profile, "rcllm", 300, r["context_tokens"])
+    sweep = {**cal, "start_s": 6.0, "cells": [{**cell, "arrivals_s": [0.0, 0.1]}]}
+    top, base, cal_path, _ = _served_cli(tmp_path, cal, sweep, fit)
+    base += ["--out", str(tmp_path / "out")]
+    args = top.parse_args(base + ["--served-from", cal_path, "--served-weight"])
+    assert args.func(args) == 0
+    summary = json.loads((tmp_path / "out" / "sim_sweep.json").read_text())["summary"]
+    assert summary["behind_weight_source"] == "served"
+    assert summary["behind_weight"] == pytest.approx(0.3, abs=1e-3)   # not CFS's 0.107
+    args = top.parse_args(base + ["--served-weight"])
+    with pytest.raises(Exception, match="give --served-from"):
+        args.func(args)

@@ -122,6 +122,9 @@ def _sweep(args) -> int:
                               predict_sweep)
     from ..sim.served_report import write_outputs
 
+    if args.served_weight and not args.served_from:
+        raise RcllmError("--served-weight measures the builders' weight on the --served-from "
+                         "run: give --served-from")
     sweep = load_sweep(args.sweep_json)
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
     fit_paths = [p for p in args.fit_json.split(",") if p]
@@ -132,7 +135,7 @@ def _sweep(args) -> int:
         raise RcllmError("--busy-slowdown must be > 0")
     if sum([bool(args.busy_from), bool(args.served_from), args.busy_slowdown != 1.0]) > 1:
         raise RcllmError("--busy-slowdown, --busy-from and --served-from each set F: give one")
-    slowdown, pairs = args.busy_slowdown, None
+    slowdown, pairs, weight = args.busy_slowdown, None, None
     if args.busy_from:
         from ..routing.validate import load_bench_requests
         from ..sim.slowdown import busy_slowdown_from
@@ -157,8 +160,10 @@ def _sweep(args) -> int:
         print(f"served slowdown per method (engine thread CPU over the profile's price, median "
               f"over {pairs} requests of {args.served_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
+    if args.served_weight:
+        weight = _served_weight(calibration, profile, args, slowdown, cost, reference)
     rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
-                                  not args.no_behind, cost, reference, args.service)
+                                  not args.no_behind, cost, reference, args.service, weight)
     if args.service == "measured":
         print("service = each request's measured engine TTFT (no cost model, no behind work, "
               "no scaling): the error left is the queueing model's and the time outside the "
@@ -185,7 +190,7 @@ def _sweep(args) -> int:
                   {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
                    "min_repeats": args.min_repeats, "routing": args.routing,
                    "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
-                   "served_from": args.served_from,
+                   "served_from": args.served_from, "served_weight": weight,
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
                    "behind": not args.no_behind, "behind_cost": cost,
                    "fit_reference_ms": reference, "service": args.service})
@@ -194,6 +199,28 @@ def _sweep(args) -> int:
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
           f"worst {'-' if worst is None else f'{worst:.3f}'}); outputs in {args.out}")
     return 0
+
+
+def _served_weight(calibration, profile, args, slowdown, cost, reference) -> float:
+    """The builders' CPU weight measured on the --served-from run (`served_builder_weight`):
+    its cells replayed as the sweep is predicted, with the F just measured."""
+    from ..sim.served import CFS_WEIGHTS, simulate_engine, speed_scale
+    from ..sim.slowdown import served_builder_weight
+
+    k = int(calibration.get("instances") or 2)
+    cores = float(calibration.get("cpu_count") or os.cpu_count() or 1)
+
+    def engine_ms(cell, w):
+        return simulate_engine(cell["arrivals_s"], cell["requests"], profile, k, cell["policy"],
+                               "replay", args.overhead_ms, slowdown, cores, cost,
+                               speed_scale(cell, reference), builder_weight=w)[3]
+
+    weight, n = served_builder_weight(calibration, engine_ms)
+    nice = int(calibration.get("behind_nice", 0))
+    print(f"builders' CPU weight against an engine {weight:.3f} (the engine time of {n} answers "
+          f"of {args.served_from} replayed; CFS's at their nice {nice}: "
+          f"{CFS_WEIGHTS[max(0, min(19, nice))] / CFS_WEIGHTS[0]:.3f})")
+    return weight
 
 
 def _profiles(args) -> int:
@@ -324,6 +351,10 @@ def register(top, bench) -> None:
                          "--sweep's sweep.json, never the one predicted, e.g. the serve-calib "
                          "stage of scripts/reproduce_tables.sh): per method the median engine "
                          "thread CPU per request over the profile's price")
+    sw.add_argument("--served-weight", action="store_true",
+                    help="with --served-from: also take the builder threads' CPU weight against "
+                         "an engine from that run (the weight at which its replay gives the "
+                         "engine time it measured) instead of CFS's weight of their niceness")
     ref = sw.add_mutually_exclusive_group()
     ref.add_argument("--speed-reference", dest="speed_reference", action="store_true",
                      help="scale each cell by its speed reference over the fit run's (the "

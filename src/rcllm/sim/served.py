@@ -163,15 +163,24 @@ def core_shares(weights: list[float], cores: float) -> list[float]:
     return rates
 
 
-def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
-                  instances: int, policy: str, routing: str = "replay",
-                  overhead_ms: float = 0.0,
-                  busy_slowdown: float | Mapping[str, float] = 1.0,
-                  cores: float | None = None, behind_cost: BehindCost | None = None,
-                  scale: float = 1.0, measured: bool = False, builder_weight: float = 1.0
-                  ) -> tuple[np.ndarray, np.ndarray, bool]:
+def simulate_cell(*args, **kwargs) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
-    the policy's own decisions were simulated (False: replayed).
+    the policy's own decisions were simulated (False: replayed): `simulate_engine`'s first
+    three (same arguments)."""
+    return simulate_engine(*args, **kwargs)[:3]
+
+
+def simulate_engine(arrivals_s: list[float], requests: list[dict], profile: SpeedProfile,
+                    instances: int, policy: str, routing: str = "replay",
+                    overhead_ms: float = 0.0,
+                    busy_slowdown: float | Mapping[str, float] = 1.0,
+                    cores: float | None = None, behind_cost: BehindCost | None = None,
+                    scale: float = 1.0, measured: bool = False, builder_weight: float = 1.0
+                    ) -> tuple[np.ndarray, np.ndarray, bool, np.ndarray]:
+    """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, whether the
+    policy's own decisions were simulated (False: replayed), and each answered request's
+    predicted engine time (ms from the start of its service to its end: what the served engine
+    records as its TTFT, core waits included).
 
     Each instance serves its FIFO queue one request at a time. `busy_slowdown` F: while two or
     more threads compute at once, each progresses at 1/F of its speed alone (they share the
@@ -206,12 +215,14 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
     bleft = [0.0] * instances                # work left of the behind job running, if any
     building = [False] * instances
     done = [0.0] * len(jobs)
+    began = [0.0] * len(jobs)
     t, nxt = 0.0, 0
 
     def start(d: int) -> None:
         if serving[d] is None and queues[d]:
             serving[d] = queues[d].popleft()
             left[d] = jobs[serving[d]][1]
+            began[serving[d]] = t
 
     def start_behind(d: int) -> None:
         if not building[d] and behind[d]:
@@ -262,7 +273,8 @@ def simulate_cell(arrivals_s: list[float], requests: list[dict], profile: SpeedP
             start(dest)
             nxt += 1
     ttft = np.array([done[i] - jobs[i][0] for i in range(len(jobs))])
-    return ttft, np.array([j[1] for j in jobs]), own
+    return (ttft, np.array([j[1] for j in jobs]), own,
+            np.array([done[i] - began[i] for i in range(len(jobs))]))
 
 
 def engine_spans(requests: list[dict]) -> list[tuple[float, float, int]]:
@@ -291,16 +303,18 @@ def _rel(pred: float, meas: float) -> float:
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
                   overhead_ms: float = 0.0, busy_slowdown: float | Mapping[str, float] = 1.0,
                   behind: bool = True, behind_cost: BehindCost | None = None,
-                  fit_reference_ms: float | None = None, service: str = "profile"
-                  ) -> tuple[list[dict], dict]:
+                  fit_reference_ms: float | None = None, service: str = "profile",
+                  builder_weight: float | None = None) -> tuple[list[dict], dict]:
     """Rows (one per cell: measured vs predicted P50/P99) and a summary. `service`: "profile"
     prices each request by the fitted profile; "measured" serves it for the engine TTFT the
     sweep measured (no behind work, no scaling, F = 1: those are inside the measured times), so
     what is left of the error is the queueing model and the time outside the engine. `behind`: model the
-    work queued behind each answer on the sweep machine's cores (`simulate_cell`'s `cores`)
+    work queued behind each answer on the sweep machine's cores (`simulate_engine`'s `cores`)
     where the sweep recorded it, each job priced by `behind_cost` (`fit_behind`) when given.
     `fit_reference_ms`: the fit run's speed reference (`load_fit_extras`); each cell's times
-    are scaled by its own reference over it (`speed_scale`). None: unscaled."""
+    are scaled by its own reference over it (`speed_scale`). None: unscaled. `builder_weight`:
+    a builder's CPU weight against an engine (`slowdown.served_builder_weight` measures it on a
+    separate served run); None: CFS's weight of the sweep's `behind_nice`."""
     if service not in ("profile", "measured"):
         raise RcllmError(f"service must be profile or measured, not {service!r}")
     measured = service == "measured"
@@ -310,7 +324,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     cores = float(sweep.get("cpu_count") or os.cpu_count() or 1) if behind and recorded else None
     # the builder threads' niceness the sweep served with (sweeps before it existed: 0)
     nice = int(sweep.get("behind_nice", 0))
-    weight = behind_weight(nice)
+    weight = behind_weight(nice) if builder_weight is None else float(builder_weight)
     k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
         int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
     capacity = sweep.get("capacity_rps")
@@ -369,6 +383,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                "behind_cores": cores, "behind_recorded": recorded,
                # the builders' niceness in the sweep and their CPU weight against an engine's
                "behind_nice": nice, "behind_weight": weight,
+               "behind_weight_source": "cfs" if builder_weight is None else "served",
                # [fixed ms, ms per token] fitted on timed builds; None: priced as forward passes
                "behind_cost": list(behind_cost) if behind_cost else None,
                # the fit run's reference pass (ms); None: cells not scaled to the fit's speed

@@ -89,3 +89,38 @@ def slowdown_of(busy_slowdown: float | Mapping[str, float], method: str) -> floa
     if isinstance(busy_slowdown, Mapping):
         return float(busy_slowdown.get(method, busy_slowdown.get("*", 1.0)))
     return float(busy_slowdown)
+
+
+def served_builder_weight(calibration: Mapping[str, Any],
+                          engine_ms: Callable[[Mapping[str, Any], float], np.ndarray],
+                          low: float = 1e-3, high: float = 1.0, steps: int = 30
+                          ) -> tuple[float, int]:
+    """The builder threads' CPU weight against an engine thread as a separate served run
+    (`calibration`: its sweep.json) shows it: the weight at which `engine_ms(cell, weight)` —
+    the simulator's engine time of each answered request of a calibration cell, replayed with
+    that weight — sums to the engine time the run measured (its `ttft_ms`), over the cells
+    where work was queued behind the answers (the others do not depend on it). Found by
+    bisection in [`low`, `high`] (1: a builder weighs as much as an engine; `low` > 0, so a
+    build always progresses); the bound when the measured time lies outside. Returns the weight and how many requests it rests on.
+
+    Why measured here rather than taken from the builders' niceness (CFS's weight, 0.107 at
+    nice 10): the served engines wait for a core 14–16% of their CPU time while their own
+    build runs and 11–13% beside the other's (`scripts/served_wait.py` on two sweeps), where
+    weighted sharing of two cores by two engines and a builder at CFS's weight gives 5%."""
+    cells = [c for c in calibration.get("cells") or []
+             if any(r.get("status") == 200 and r.get("behind_tokens") for r in c["requests"])]
+    measured = sum(r["ttft_ms"] for c in cells for r in c["requests"] if r.get("status") == 200)
+    n = sum(r.get("status") == 200 for c in cells for r in c["requests"])
+    if not n:
+        raise RcllmError("the served run queued no work behind its answers (no behind_tokens): "
+                         "it cannot show the builders' weight")
+    excess = lambda w: sum(float(np.sum(engine_ms(c, w))) for c in cells) - measured  # noqa: E731
+    lo, hi = float(low), float(high)
+    if excess(hi) <= 0:
+        return hi, n
+    if excess(lo) >= 0:
+        return lo, n
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
+    return 0.5 * (lo + hi), n
