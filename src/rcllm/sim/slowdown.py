@@ -13,6 +13,9 @@ Two ways to measure it, neither on the sweep being predicted:
   prompt (median per sweep, nine sweeps of 2026-12-04/05) while two `bench ttft` copies side by
   side show 0.99–1.08x; the cause is not isolated. The CPU, not the wall time: the wait for a core is
   `simulate_cell`'s core sharing, and counting it here too would count it twice.
+
+And from the same served run, the builder threads' CPU weight in that core sharing
+(`served_builder_weight`, `--served-weight`), in place of CFS's weight of their niceness.
 """
 
 from __future__ import annotations
