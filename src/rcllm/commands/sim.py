@@ -204,7 +204,7 @@ def _sweep(args) -> int:
 def _served_weight(calibration, profile, args, slowdown, cost, reference) -> float:
     """The builders' CPU weight measured on the --served-from run (`served_builder_weight`):
     its cells replayed as the sweep is predicted, with the F just measured."""
-    from ..sim.served import CFS_WEIGHTS, simulate_engine, speed_scale
+    from ..sim.served import behind_weight, simulate_engine, speed_scale
     from ..sim.slowdown import served_builder_weight
 
     k = int(calibration.get("instances") or 2)
@@ -219,7 +219,7 @@ def _served_weight(calibration, profile, args, slowdown, cost, reference) -> flo
     nice = int(calibration.get("behind_nice", 0))
     print(f"builders' CPU weight against an engine {weight:.3f} (the engine time of {n} answers "
           f"of {args.served_from} replayed; CFS's at their nice {nice}: "
-          f"{CFS_WEIGHTS[max(0, min(19, nice))] / CFS_WEIGHTS[0]:.3f})")
+          f"{behind_weight(nice):.3f})")
     return weight
 
 

@@ -104,7 +104,8 @@ def served_builder_weight(calibration: Mapping[str, Any],
     that weight — sums to the engine time the run measured (its `ttft_ms`), over the cells
     where work was queued behind the answers (the others do not depend on it). Found by
     bisection in [`low`, `high`] (1: a builder weighs as much as an engine; `low` > 0, so a
-    build always progresses); the bound when the measured time lies outside. Returns the weight and how many requests it rests on.
+    build always progresses); the bound when the measured time lies outside. Returns the
+    weight and how many requests it rests on.
 
     Why measured here rather than taken from the builders' niceness (CFS's weight, 0.107 at
     nice 10): the served engines wait for a core 14–16% of their CPU time while their own
