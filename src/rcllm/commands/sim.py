@@ -204,10 +204,10 @@ def _sweep(args) -> int:
 def _served_weight(calibration, profile, args, slowdown, cost, reference) -> float:
     """The builders' CPU weight measured on the --served-from run (`served_builder_weight`):
     its cells replayed as the sweep is predicted, with the F just measured."""
-    from ..sim.served import behind_weight, simulate_engine, speed_scale
+    from ..sim.served import behind_weight, simulate_engine, speed_scale, sweep_instances
     from ..sim.slowdown import served_builder_weight
 
-    k = int(calibration.get("instances") or 2)
+    k = sweep_instances(calibration)
     cores = float(calibration.get("cpu_count") or os.cpu_count() or 1)
 
     def engine_ms(cell, w):

@@ -300,6 +300,12 @@ def _rel(pred: float, meas: float) -> float:
     return abs(pred - meas) / meas if meas > 0 else float("nan")
 
 
+def sweep_instances(sweep: dict[str, Any]) -> int:
+    """The instance count a sweep served with (older partial files: the instances used)."""
+    return int(sweep.get("instances") or 1 + max(
+        int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
+
+
 def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "replay",
                   overhead_ms: float = 0.0, busy_slowdown: float | Mapping[str, float] = 1.0,
                   behind: bool = True, behind_cost: BehindCost | None = None,
@@ -325,8 +331,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     # the builder threads' niceness the sweep served with (sweeps before it existed: 0)
     nice = int(sweep.get("behind_nice", 0))
     weight = behind_weight(nice) if builder_weight is None else float(builder_weight)
-    k = int(sweep.get("instances") or 1 + max(  # older partial files: the instances used
-        int(r["instance"]) for c in sweep["cells"] for r in c["requests"] if "instance" in r))
+    k = sweep_instances(sweep)
     capacity = sweep.get("capacity_rps")
     rows, predicted = [], []
     for c in sweep["cells"]:
