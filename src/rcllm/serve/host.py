@@ -34,6 +34,23 @@ def history_of(payload: dict[str, Any]) -> tuple[HistoryEntry, ...]:
                               int(h["timestamp"])) for h in payload["history"])
 
 
+def item_loss_tiers(store) -> list:
+    """The leaf tiers of `store` whose evictions can drop an item chunk from it altogether:
+    the lowest tier below memory (the disk) when there is one, else the memory tier or parts
+    that hold items (a `history` partition holds review chunks only). [] with a Redis tier."""
+    from ..kvstore.wiring import PartitionedStore, tiers
+
+    every = tiers(store)
+    if any(hasattr(t, "client") for t in every):          # RedisStore (tier_stats' own test)
+        return []
+    tiered = [t for t in every if hasattr(t, "memory") and hasattr(t, "lower")]
+    if tiered and tiered[0].lower:
+        return [tiered[0].lower[-1]]
+    history = {id(p) for t in every if isinstance(t, PartitionedStore)
+               for kind, p in t.partitions.items() if kind == "history"}
+    return [t for t in every if hasattr(t, "evictions") and id(t) not in history]
+
+
 class EngineHost:
     def __init__(self, engine: Engine) -> None:
         if not isinstance(engine.builder.catalog, dict):
@@ -47,6 +64,8 @@ class EngineHost:
         self._mu = threading.Lock()            # guards the version map
         self._thread = threading.Thread(target=self._build_loop, name="rcllm-items", daemon=True)
         self._thread.start()
+        self._loss_tiers: list | None = None    # item_loss_tiers(store), found on first use
+        self._evictions_seen = 0
 
     # ---- requests -------------------------------------------------------------------------
     def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +156,21 @@ class EngineHost:
             b, e = self.engine.builder, self.engine
             return [str(i) for i in list(self.catalog)
                     if e.store.contains(e.chunk_key("item", b.item_chunk(i)))]
+
+    def resident_change(self) -> list[str] | None:
+        """`cached_items()` when a tier that can drop an item chunk from this store altogether
+        has evicted since the last call (the router then replaces its picture of this
+        instance), else None. Always None beside a Redis tier: the router counts every placed
+        item as held by every instance there (`views.live_instances`)."""
+        if self._loss_tiers is None:
+            self._loss_tiers = item_loss_tiers(self.engine.store)
+        if not self._loss_tiers:
+            return None
+        evicted = sum(int(t.evictions) for t in self._loss_tiers)
+        if evicted == self._evictions_seen:
+            return None
+        self._evictions_seen = evicted
+        return self.cached_items()
 
     def build_items(self, item_ids: list[str]) -> int:
         with self.lock:

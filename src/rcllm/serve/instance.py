@@ -98,6 +98,9 @@ class Instance:
         # other instances' item KV) and the wait for the engine lock (`host.rank`)
         st["import_ms"] = (t1 - t0) * 1e3
         st["actor_ms"] = (time.perf_counter() - t0) * 1e3
+        resident = self.host.resident_change()
+        if resident is not None:        # an item chunk was evicted: the router's picture
+            out["resident_items"] = resident      # of this instance is replaced
         return {**out, "instance": self.index}
 
     def _import(self, refs: list) -> int:
@@ -135,6 +138,9 @@ class Instance:
 
     def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
         return self.host.export_items(item_ids)
+
+    def cached_items(self) -> list[str]:
+        return self.host.cached_items()
 
     def build_items(self, items: list[str]) -> int:
         """Builds the chunk KV of `items` (those in the catalog); returns how many were new."""

@@ -78,7 +78,11 @@ class RayBackend:
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
         held = self._place(spec, num_instances, hot_fraction)
         ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
-        self.instances = live_instances(held, shared_tier=bool(spec.redis_url))
+        self.shared_tier = bool(spec.redis_url)
+        if not self.shared_tier:    # a shard larger than the store: only what stayed counts
+            kept = ray.get([a.cached_items.remote() for a in self.actors])
+            held = [sorted(set(h).intersection(k)) for h, k in zip(held, kept)]
+        self.instances = live_instances(held, shared_tier=self.shared_tier)
         self.profile = self._speed_profile(profile, calibrate_cases)
         if save_profile_to:
             from .calibrate import save_profile
@@ -186,8 +190,10 @@ class RayBackend:
                 tried.add(inst.index)
                 self.retries += 1
                 continue
+            resident = out.pop("resident_items", None)      # the router's, not the client's
             inst.finished(estimate_ms, (time.perf_counter() - t0) * 1e3,
-                          list(payload.get("candidates", ())))
+                          list(payload.get("candidates", ())),
+                          None if self.shared_tier else resident)
             if "error" in out:
                 raise RcllmError(out["error"])
             if self.residency is not None and (

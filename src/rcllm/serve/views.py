@@ -5,8 +5,9 @@ to an instance and not yet answered (the router is the only sender, so it is exa
 `outstanding_ms` sums the cost model's service estimate of those requests, so load and the
 policy's own service estimate are in the same units (as in the simulator); `service_ms` is
 the measured EWMA, used only for Retry-After. `cached` starts as the
-instance's placement (shard + hot items) and grows with the items it served, since chunk
-misses are cached after the answer. `suspect`: a call to it timed out; it gets no requests
+instance's placement (shard + hot items) that stayed in its store and grows with the items it
+served, since chunk misses are cached after the answer; an answer after an eviction carries the
+store's item list, which replaces it (`EngineHost.resident_change`). `suspect`: a call to it timed out; it gets no requests
 until a probe (`RayBackend`'s probe thread, which clears the flag) finds its engine free again.
 
 User-prefix residency (pointwise deployments): `UserResidency` records which instance holds
@@ -66,11 +67,18 @@ class LiveInstance:
         self.inflight -= 1
         self.outstanding_ms = max(0.0, self.outstanding_ms - estimate_ms)
 
-    def finished(self, estimate_ms: float, ms: float, items: list[str]) -> None:
+    def finished(self, estimate_ms: float, ms: float, items: list[str],
+                 resident: list[str] | None = None) -> None:
+        """An answer: `items` (the request's candidates, whose misses are being built behind)
+        join `cached`; `resident`, when the instance evicted item KV since its last answer,
+        is what its store holds now and replaces `cached` first."""
         self.last_answer_s = time.monotonic()
         self.abandoned(estimate_ms)
         self.served += 1
         self.service_ms = 0.8 * self.service_ms + 0.2 * ms
+        if resident is not None:
+            self.cached.clear()
+            self.cached.update(resident)
         self.cached.update(items)
 
 
