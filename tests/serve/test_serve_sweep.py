@@ -142,3 +142,42 @@ def test_the_policy_series_is_named_as_the_plots_read_it():
     from rcllm.sim.plots import POLICY_SERIES
 
     assert sweep.parse_method(sweep.POLICY_METHOD)[0] == POLICY_SERIES
+
+
+def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
+        tiny_model_dir, tmp_path, monkeypatch, synthetic):
+    """--no-redis: no Redis server is started, and with an item budget of a third of the
+    catalog's KV each instance holds (and the router counts) only part of the catalog."""
+    import dataclasses
+
+    from rcllm.commands.bench_serve import register_bench
+    from rcllm.config import ModelConfig, RcllmConfig
+    from rcllm.kvstore.redis_server import RedisServer
+    from rcllm.launch import make_stored_engine
+
+    def no_redis(self):
+        raise AssertionError("--no-redis started a Redis server")
+
+    monkeypatch.setattr(RedisServer, "start", no_redis)
+    probe = make_stored_engine(dataclasses.replace(
+        RcllmConfig(), model=ModelConfig(path=str(tiny_model_dir), threads=0)),
+        dict(synthetic.items))
+    probe.build_items(list(synthetic.items))
+    budget = probe.store.nbytes // 3
+    top = argparse.ArgumentParser()
+    register_bench(top.add_subparsers())
+    out = tmp_path / "sweep"
+    args = top.parse_args([
+        "serve", "--sweep", "--no-redis", "--requests", "6", "--candidates", "6",
+        "--rates", "6", "--methods", "rcllm:0.3:0.3", "--policies", "affinity",
+        "--queue-size", "8", "--slo-ms", "60000", "--out", str(out),
+        "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1",
+        "--set", f"reuse.store_bytes={budget}"])
+    assert args.func(args) == 0
+    report = json.loads((out / "sweep.json").read_text())
+    assert report["redis_tier"] is False
+    assert "no Redis tier" in (out / "sweep.md").read_text()
+    (cell,) = report["cells"]
+    assert cell["ok"] + cell["rejected_429"] == 6 and cell["errors_5xx"] == cell["lost"] == 0
+    held = cell["held_items"]
+    assert len(held) == 2 and all(0 < n < len(synthetic.items) for n in held), held

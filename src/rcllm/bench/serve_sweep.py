@@ -1,8 +1,8 @@
 """`rcllm bench serve --sweep`: TTFT under load per method and routing policy, on the served
 cluster (issue 30 item 1).
 
-One deployment (K Ray instances, one thread each, a private Redis tier) serves every cell, so
-the instances' start-up is paid once. A cell is one (series, rate): a series is a method with
+One deployment (K Ray instances, one thread each, a private Redis tier unless `--no-redis`)
+serves every cell, so the instances' start-up is paid once. A cell is one (series, rate): a series is a method with
 its routing policy — full and prefix routed load-only (their caches do not depend on the
 instance), rcllm (and an adapter's own default method, its fast path) by affinity, as in the
 simulator — or rcllm 0.3/0.3 under each other policy. Within a rate every series runs once,
@@ -248,6 +248,9 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
+            # the items the router counts as held by each instance after the cell (with the
+            # Redis tier one shared set; without it what each store kept, views.LiveInstance)
+            "held_items": [len(i.cached) for i in backend.instances],
             "reference_ms": reference,
             # the machine's 1-min load average before and after the cell: a quiet 2-core
             # machine running this sweep stays near 2-3
@@ -300,11 +303,11 @@ def run_sweep(args) -> int:
     t_start = time.perf_counter()
     trace = review_trace(load_data(args), args.requests, args.candidates, seed=args.seed)
     print(f"trace: {json.dumps(trace.summary())}", flush=True)
-    redis = RedisServer().start()
+    redis = None if getattr(args, "no_redis", False) else RedisServer().start()
     try:
         spec = EngineSpec(args.config, tuple(args.overrides), args.data, args.format,
                           args.category, args.kv_dir, args.adapter, args.scorer,
-                          redis_url=f"redis://127.0.0.1:{redis.port}",
+                          redis_url=f"redis://127.0.0.1:{redis.port}" if redis else None,
                           kv_encoding=args.kv_encoding)
         t0 = time.perf_counter()
         backend = RayBackend(spec, args.instances, args.queue_size, "affinity")
@@ -328,8 +331,9 @@ def run_sweep(args) -> int:
         finally:
             running.stop()
     finally:
-        redis.stop()
-    report = {"name": "bench.serve.sweep",
+        if redis is not None:
+            redis.stop()
+    report = {"name": "bench.serve.sweep", "redis_tier": redis is not None,
               "config": {k: v for k, v in vars(args).items() if k != "func"},
               "trace": trace.summary(), "capacity_rps": capacity, "start_s": start_s,
               "cells_arrival_span_s": span_s, "slo_ms": args.slo_ms,
@@ -357,7 +361,9 @@ def write_outputs(report: dict, out: str) -> None:
     table = markdown_table(rows, TABLE)
     with open(os.path.join(out, "sweep.md"), "w", encoding="utf-8") as fh:
         fh.write(f"# bench serve --sweep: {report['trace']['requests']} requests per cell, "
-                 f"{report.get('instances', '?')} instances, SLO {report['slo_ms']:g} ms\n\n"
+                 f"{report.get('instances', '?')} instances"
+                 f"{', no Redis tier' if report.get('redis_tier') is False else ''}, "
+                 f"SLO {report['slo_ms']:g} ms\n\n"
                  f"TTFT = client latency (queue + HTTP + engine); trace {report['trace']}; "
                  f"capacity {report['capacity_rps']} rps; wall {report['wall_s']:.0f} s\n\n")
         fh.write(table + "\n\n```\n" + format_targets(report["targets"]) + "\n```\n")

@@ -74,7 +74,8 @@ def _sweep_options(p) -> None:
     g = p.add_argument_group("rate sweep (--sweep; bench/serve_sweep.py)")
     g.add_argument("--sweep", action="store_true",
                    help="TTFT under load per method and routing policy over a rate sweep, on "
-                        "--instances Ray instances with a private Redis; the workload is the "
+                        "--instances Ray instances with a private Redis (unless --no-redis); "
+                        "the workload is the "
                         "last --requests review events of the data (retrieved candidates, "
                         "arrivals compressed to each rate); --configs and the phases are not "
                         "used")
@@ -89,6 +90,11 @@ def _sweep_options(p) -> None:
                    help="routing policies of the rcllm 0.3/0.3 series (default "
                         f"{sweep.DEFAULT_POLICIES})")
     g.add_argument("--instances", type=int, default=2, help="Ray instances (default 2)")
+    g.add_argument("--no-redis", action="store_true",
+                   help="no Redis tier: each instance's chunk store is its own memory (item KV "
+                        "moves between instances through Ray's object store), so with an item "
+                        "budget below the catalog's KV (--set reuse.store_bytes=B) the "
+                        "instances hold different items")
     g.add_argument("--slo-ms", type=float, default=5000.0,
                    help="TTFT SLO of the goodput (default 5000 ms)")
     g.add_argument("--timeout-s", type=float, default=300.0,
