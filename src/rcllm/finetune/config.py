@@ -67,8 +67,11 @@ class TrainConfig:
                             "as the full path does")
     hidden_match: float = opt(0.0, "joint: weight of the MSE of the answer slots' final-normed "
                                    "hidden states, reuse vs full (full without gradient)")
-    epochs: float = opt(2.0, "passes over the training examples (with train.steps=0)")
-    batch: int = opt(8, "prompts per optimiser step (gradients accumulated, loss averaged)")
+    epochs: float = opt(1.0, "passes over the training examples (with train.steps=0); one "
+                            "epoch of one prompt per step reached on Magazine the full-path "
+                            "NDCG@10 that four epochs of eight per step reached (finetune.md)")
+    batch: int = opt(1, "prompts per optimiser step (gradients accumulated, loss averaged); "
+                        "1 learns fastest per prompt (docs/finetune.md, Ablation)")
     steps: int = opt(0, "optimiser steps; 0 = epochs x examples / batch")
     lr: float = opt(1e-3, "peak learning rate (linear warm-up, cosine decay to a tenth)")
     warmup_steps: int = opt(10, "linear warm-up steps (at most a tenth of the run)")
@@ -101,9 +104,9 @@ class TrainConfig:
     val_users: int = opt(64, "validation users scored at each validation (0 = no validation: "
                              "the last step's weights are kept)")
     val_candidates: int = opt(20, "candidates per validation prompt (the evaluation's cases)")
-    val_every: int = opt(0, "steps between validations; 0 = once per epoch")
-    patience: int = opt(3, "stop after this many validations without a better NDCG@10 "
-                           "(0 = never stop early)")
+    val_every: int = opt(0, "steps between validations; 0 = four times per epoch")
+    patience: int = opt(3, "stop after this many validations without a lower validation "
+                           "cross-entropy (0 = never stop early)")
     split: str = opt("0.8,0.1,0.1", "train,validation,test fractions of the users")
     split_seed: int = opt(0, "seed of the user split (eval --users test uses the same)")
     checkpoint_every: int = opt(5, "steps between checkpoints (resume restarts from the last)")

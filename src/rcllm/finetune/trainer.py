@@ -17,10 +17,10 @@ weights:
   candidate labels at the last position.
 
 A step accumulates `train.batch` prompts. The run lasts `train.steps`, or `train.epochs`
-passes over the training examples; every `train.val_every` steps (default: each epoch) the
-validation users' evaluation cases are scored on the trained paths, the factors with the best
-mean NDCG@10 are kept (never test users), and `train.patience` validations without a better
-one stop the run.
+passes over the training examples; every `train.val_every` steps (default: four times an epoch)
+the validation users' evaluation cases are scored on the trained paths, the factors with the
+lowest mean target cross-entropy over the paths are kept (never test users), and
+`train.patience` validations without a lower one stop the run.
 
 Folder: `<cache root>/adapters/<key>/`, key = sha256(base model fingerprint, dataset digest,
 the options that change the weights, the example count when `train.max_examples` binds). It holds `checkpoint/` (factors + AdamW state and the
@@ -118,7 +118,7 @@ class Trainer:
     @property
     def val_every(self) -> int:
         t = self.cfg.train
-        return t.val_every or max(1, math.ceil(len(self.stream) / t.batch))
+        return t.val_every or max(1, math.ceil(len(self.stream) / t.batch / 4))
 
     def _warm_start(self, path: str) -> None:
         """Copies a finished adapter's factors in, after checking that it was trained on the

@@ -2,8 +2,8 @@
 
 The cases are `rcllm eval`'s (`eval.protocol.build_cases`: each user's last item among
 `candidates` − 1 popularity negatives, seeded per user), kept to the validation users of the
-run's split, so the validation NDCG@10 the trainer selects its checkpoint by is the number
-`rcllm eval --users validation` reports for those users. Test users are never read here.
+run's split, so the validation NDCG@10 the trainer reports is the number `rcllm eval --users validation`
+reports for those users; the checkpoint is chosen by their cross-entropy. Test users are never read here.
 """
 
 from __future__ import annotations
@@ -35,8 +35,10 @@ def validation_cases(ds: Dataset, users: Sequence[UserId], candidates: int, limi
 def validate(score: Callable[[EvalCase], dict[str, torch.Tensor]], cases: Sequence[EvalCase],
              progress: bool = False) -> dict[str, float]:
     """Mean NDCG@10, top-1 hit rate and target cross-entropy per path over `cases`
-    (`score(case)` → {path: scores [C]}), keys like "ndcg10_full", "ce_reuse"; "score" is the
-    mean NDCG@10 over the paths (what the best checkpoint is chosen by)."""
+    (`score(case)` → {path: scores [C]}), keys like "ndcg10_full", "ce_reuse"; "score" is
+    minus the mean cross-entropy over the paths (what the best checkpoint is chosen by: a
+    mean over every candidate's probability, which the few dozen validation users resolve
+    where their NDCG@10, a rank of one item per user, is noise)."""
     from tqdm import tqdm
 
     sums: dict[str, float] = {}
@@ -50,6 +52,6 @@ def validate(score: Callable[[EvalCase], dict[str, torch.Tensor]], cases: Sequen
             for name, v in vals.items():
                 sums[f"{name}_{path}"] = sums.get(f"{name}_{path}", 0.0) + v
     out = {k: v / len(cases) for k, v in sums.items()}
-    nd = [v for k, v in out.items() if k.startswith("ndcg10_")]
-    out["score"] = sum(nd) / len(nd) if nd else -math.inf
+    ce = [v for k, v in out.items() if k.startswith("ce_")]
+    out["score"] = -sum(ce) / len(ce) if ce else -math.inf
     return out
