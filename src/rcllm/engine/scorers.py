@@ -9,7 +9,7 @@ import abc
 import torch
 
 from ..model.transformer import Transformer
-from ..prefill.scoring import continuation_scores, verbalizer_scores, yes_no_logits
+from ..prefill.scoring import continuation_scores, verbalizer_scores, yes_no_score
 from ..prefill.selective import PrefillInputs
 from ..prompt.builder import Prompt, PromptBuilder, RankRequest
 from ..prompt.pointwise import PointwisePrompt
@@ -86,8 +86,8 @@ class PointwiseScorer(Scorer):
 
     def score(self, model, prompt, inp, hidden_out):
         hidden = model.final_hidden(hidden_out)
-        logits = yes_no_logits(model, hidden, self.pw.yes_id, self.pw.no_id)
-        return logits[:, 0] - logits[:, 1], logits, hidden
+        score, logits = yes_no_score(model, hidden, self.pw.yes_id, self.pw.no_id)
+        return score, logits, hidden
 
 
 def make_scorer(name: str, builder: PromptBuilder, max_positions: int) -> Scorer:

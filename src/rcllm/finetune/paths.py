@@ -9,7 +9,7 @@
   user side exact serves.
 
 Both go through the engine's own selective prefill (`prefill(..., grad=True)`) and read the
-score with `prefill.scoring.yes_no_logits`. When both paths are asked for, one pass holds the
+score with `prefill.scoring.yes_no_score`. When both paths are asked for, one pass holds the
 user side once and 2·C blocks after it (C full blocks, C reuse blocks): every block sees the user
 side and itself only, so each score equals the one a separate pass gives (a test pins both to
 the engine), while the user side is computed once. The chunk pass skips each chunk's last `tail`
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ReuseConfig
-from ..prefill.scoring import yes_no_logits
+from ..prefill.scoring import yes_no_score
 from ..prefill.selection import SelectionPolicy
 from ..prefill.layout import Layout
 from ..prefill.selective import Frozen, PrefillInputs, prefill
@@ -112,8 +112,7 @@ class PathScorer:
         if capture is not None:
             self.cache.put(key, res.frozen, chunk)
         h = self.model.final_hidden(res.hidden_out)              # [P·C, d]
-        logits = yes_no_logits(self.model, h, self.pw.yes_id, self.pw.no_id)
-        s = logits[:, 0] - logits[:, 1]
+        s, _ = yes_no_score(self.model, h, self.pw.yes_id, self.pw.no_id)
         n = len(candidates)
         return PathScores({p: s[i * n:(i + 1) * n] for i, p in enumerate(paths)},
                           {p: h[i * n:(i + 1) * n] for i, p in enumerate(paths)})

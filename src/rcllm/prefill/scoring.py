@@ -1,9 +1,10 @@
 """Turning a prefilled prompt into candidate scores.
 
 - verbalizer (LlamaRec): log-softmax over the candidate label tokens at the last position.
-- pointwise (TALLRec): the " Yes" and " No" logits at each candidate block's last slot
-  (`yes_no_logits`); the engine, the user-prefix scorer and the trainer all read it here, so
-  training and serving score alike.
+- pointwise (TALLRec): the " Yes" − " No" logit at each candidate block's last slot
+  (`yes_no_score`: the one place it is computed; the engine's scorer, the user-prefix library
+  (P(yes) = sigmoid of it) and the trainer's paths all call it, so training and serving
+  cannot score apart).
 - likelihood: mean log-probability of each candidate's name as the continuation of the
   prompt. All continuations run in one pass of the selective prefill over the shared prompt
   KV (`continue_exact`, a block layout): each continuation token attends to every prompt token
@@ -26,6 +27,14 @@ def yes_no_logits(model: Transformer, normed: torch.Tensor, yes_id: int, no_id: 
     """Final-normed hidden states [C, d] → the (yes, no) logits [C, 2] (float32); only those
     two rows of the output head are evaluated. The score is column 0 − column 1."""
     return F.linear(normed, model.lm_head[[yes_id, no_id]]).float()
+
+
+def yes_no_score(model: Transformer, normed: torch.Tensor, yes_id: int, no_id: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final-normed hidden states [C, d] (or [d]) → (score = the " Yes" − " No" logit [C]
+    (or []), the (yes, no) logits [C, 2] (or [2]))."""
+    logits = yes_no_logits(model, normed, yes_id, no_id)
+    return logits[..., 0] - logits[..., 1], logits
 
 
 def verbalizer_scores(logits: torch.Tensor, label_ids: Sequence[int]) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..model.transformer import Transformer
-from ..prefill.scoring import yes_no_logits
+from ..prefill.scoring import yes_no_score
 from ..prefill.selective import continue_exact
 from .kv import PrefixKV
 
@@ -50,8 +50,7 @@ def score_batched(model: Transformer, prefix: PrefixKV, suffixes: Sequence[Seque
     The prefix is not modified. Raises ValueError for an empty suffix.
     """
     h = suffix_last_hidden(model, prefix.k, prefix.v, suffixes)
-    logits = yes_no_logits(model, model.final_hidden(h), yes_id, no_id)
-    return torch.softmax(logits, dim=-1)[:, 0].cpu()
+    return torch.sigmoid(yes_no_score(model, model.final_hidden(h), yes_id, no_id)[0]).cpu()
 
 
 @torch.inference_mode()
@@ -60,5 +59,4 @@ def score_independent(model: Transformer, prefix_ids: Sequence[int], suffix: Seq
     """The reference: P(yes) from one full forward over prefix + suffix (no cache)."""
     ids = torch.tensor(list(prefix_ids) + list(suffix), device=model.device)
     out = model.forward(ids, return_hidden=True)
-    logits = yes_no_logits(model, out["hidden"], yes_id, no_id)
-    return float(torch.softmax(logits, dim=-1)[0])
+    return float(torch.sigmoid(yes_no_score(model, out["hidden"], yes_id, no_id)[0]))
