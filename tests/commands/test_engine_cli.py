@@ -116,3 +116,35 @@ def test_rank_one_request(tiny_model_dir, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"user_id": "u"}))
     assert _run("rank", "--request", str(bad)).stderr.strip().endswith("missing field 'candidates'")
+
+
+def test_eval_user_swapped_rows(tiny_model_dir, tmp_path):
+    """--user-swapped scores each path again with another user's history; the drop is the
+    path's NDCG@10 minus its swapped NDCG@10 (paired)."""
+    path = tmp_path / "eval.json"
+    rc = main(["eval", "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
+               "--requests", "3", "--candidates", "5", "--methods", "naive",
+               "--scorer", "pointwise", "--user-swapped", "--json", str(path)])
+    assert rc == 0
+    rows = {r["variant"]: r for r in json.loads(path.read_text())["rows"]}
+    assert {"full_user_swapped", "naive_user_swapped"} <= set(rows)
+    for lab in ("full", "naive"):
+        sw = rows[f"{lab}_user_swapped"]
+        assert abs(sw["user_swap_drop"] - (rows[lab]["ndcg@10"] - sw["ndcg@10"])) < 1e-9
+        assert sw["user_swap_drop_ci_low"] <= sw["user_swap_drop"] <= sw["user_swap_drop_ci_high"]
+    assert "user_swap_drop" not in rows["full"]
+
+
+def test_swap_partner_is_another_user():
+    from types import SimpleNamespace as NS
+
+    import pytest
+
+    from rcllm.eval.runner import swap_partner
+
+    cases = [NS(user_id=u) for u in ("a", "a", "b", "c")]
+    partners = [swap_partner(cases, i) for i in range(4)]
+    assert partners == [2, 2, 3, 0]
+    assert all(cases[j].user_id != cases[i].user_id for i, j in enumerate(partners))
+    with pytest.raises(ValueError):
+        swap_partner([NS(user_id="a")] * 2, 0)

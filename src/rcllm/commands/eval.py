@@ -14,7 +14,7 @@ SPLIT_PARTS = ("train", "validation", "test")
 DEFAULT_SPLIT = ((0.8, 0.1, 0.1), 0)
 COLUMNS = ("variant", "hr@1", "hr@10", "hr@10_ci_low", "hr@10_ci_high", "ndcg@10",
            "ndcg@10_delta_vs_full", "top1_agreement", "top5_overlap", "kendall_tau", "kl_vs_full", "hidden_cosine_vs_full", "ttft_p50_ms",
-           "recomputed_fraction")
+           "recomputed_fraction", "user_swap_drop")
 
 
 def register(top, bench) -> None:
@@ -46,6 +46,11 @@ def register(top, bench) -> None:
                         "heldout = validation and test pooled (never trained on)")
     p.add_argument("--baselines", action="store_true",
                    help="add random, popularity and item-kNN (co-occurrence) rows")
+    p.add_argument("--user-swapped", action="store_true",
+                   help="also score every request with another evaluated user's history, on "
+                        "full and on every method (rows <method>_user_swapped; user_swap_drop "
+                        "= the path's NDCG@10 minus its swapped NDCG@10, paired CI): how much "
+                        "each path reads the user. Doubles the evaluation's time")
     p.add_argument("--json", metavar="PATH", help="write the report (reporting contract)")
     p.add_argument("--plots", metavar="DIR", help="write ttft_cdf.png (and heatmap.png) here")
     p.add_argument("--html", metavar="DIR",
@@ -70,7 +75,7 @@ def run(args) -> int:
     engine = make_engine(args, ds, scorer=args.scorer, cfg=cfg)
     prepare_caches(engine, cases, 0, progress=True)
     rows = evaluate(engine, cases, variants, seed=args.seed, progress=True,
-                    permutations=args.permutations)
+                    permutations=args.permutations, user_swapped=args.user_swapped)
     if args.baselines:
         from ..eval.baselines import baseline_rows
 
@@ -127,7 +132,8 @@ def _outputs(args, cfg, adapter, rows, grid, engine, ds, cases, variants) -> Non
                                          "scorer": args.scorer, "seed": args.seed,
                                          "permutations": args.permutations,
                                          "users": args.users, "adapter": adapter or None,
-                                         "baselines": args.baselines}, rows,
+                                         "baselines": args.baselines,
+                                         "user_swapped": args.user_swapped}, rows,
                      {"requests": len(cases), "dataset": ds.name, "skipped": ds.skipped})
         print(f"wrote {args.json}")
 

@@ -5,11 +5,14 @@ state; each method variant is compared with it. Two references show whether the 
 discriminate at all: `full_reordered` (full on a seeded re-ordering of the same candidates,
 scores mapped back to the items: position bias) and `full_content_swapped` (full with the
 candidate texts permuted among the label positions, scores read per position: content
-sensitivity).
+sensitivity). With `user_swapped`, every path is also run with another evaluated user's history
+(`<variant>_user_swapped`, `full_user_swapped`): the drop of a path's NDCG@10 under the swap
+(paired over the requests) says how much its ranking reads the user rather than item priors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,20 +80,35 @@ def _rank_avg(engine, case, orders, method: str, **overrides):
     return first, total / len(orders)
 
 
+def swap_partner(cases, i: int) -> int:
+    """The case whose history replaces case i's in the user-swapped reference: the next case
+    (cyclically) of another user, so every history is used once when users are distinct."""
+    n = len(cases)
+    for step in range(1, n):
+        j = (i + step) % n
+        if cases[j].user_id != cases[i].user_id:
+            return j
+    raise ValueError("the user-swapped reference needs cases of at least two users")
+
+
 def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False,
-             permutations: int = 1) -> list[dict]:
+             permutations: int = 1, user_swapped: bool = False) -> list[dict]:
     """One row per variant and reference. permutations > 1 averages each item's score over
     that many label orders (the first is the case's own order), as Hou et al. do, so that
-    content rather than label position drives the ranking."""
+    content rather than label position drives the ranking. user_swapped adds, per path, the
+    row of the same requests scored with another user's history (`swap_partner`)."""
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
     acc: dict[str, _Acc] = {}
     labels = ["full", "full_reordered", "full_content_swapped"] + [
         v.label for v in variants if v.method != "full"]
+    if user_swapped:
+        labels += [f"{lab}_user_swapped" for lab in labels if lab not in
+                   ("full_reordered", "full_content_swapped")]
     for lab in labels:
         acc[lab] = _Acc()
-    for case in tqdm(cases, desc="evaluating", unit="req", disable=not progress):
+    for i, case in enumerate(tqdm(cases, desc="evaluating", unit="req", disable=not progress)):
         cands = list(case.candidates)
         target = cands.index(case.target)
 
@@ -114,6 +132,14 @@ def evaluate(engine, cases, variants, seed: int = 0, progress: bool = False,
                 continue
             res, s = _rank_avg(engine, case, orders, v.method, **v.overrides())
             _record(acc[v.label], res, s, target, _fidelity(full, res, full_s, s))
+        if user_swapped:
+            other = cases[swap_partner(cases, i)]
+            swapped = dataclasses.replace(case, user_id=other.user_id, history=other.history)
+            for v in [None] + [v for v in variants if v.method != "full"]:
+                method, over = ("full", {}) if v is None else (v.method, v.overrides())
+                res, s = _rank_avg(engine, swapped, orders, method, **over)
+                _record(acc[f"{'full' if v is None else v.label}_user_swapped"], res, s,
+                        target, _fidelity(full, res, full_s, s))
     return _rows(acc, variants, engine.scorer, len(cases))
 
 
@@ -144,6 +170,11 @@ def _rows(acc: dict[str, _Acc], variants, scorer: str, n: int) -> list[dict]:
         row["ndcg@10_delta_vs_full"] = delta.mean
         row["ndcg@10_delta_vs_full_ci_low"] = delta.low
         row["ndcg@10_delta_vs_full_ci_high"] = delta.high
+        if lab.endswith("_user_swapped"):  # the path's drop when another user's history is read
+            own = np.array([r["ndcg@10"] for r in acc[lab[:-len("_user_swapped")]].rank])
+            drop = M.paired_bootstrap_ci(own, np.array([r["ndcg@10"] for r in a.rank]))
+            row["user_swap_drop"] = drop.mean
+            row["user_swap_drop_ci_low"], row["user_swap_drop_ci_high"] = drop.low, drop.high
         for key in FIDELITY_KEYS:
             vals = [f[key] for f in a.fid if not np.isnan(f[key])]
             row[key] = float(np.mean(vals)) if vals else None
