@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "rcllm.commands.build_cache",
     "rcllm.commands.build_history",
     "rcllm.commands.eval",
+    "rcllm.commands.diagnose",
     "rcllm.commands.finetune",
     "rcllm.commands.rank",
     "rcllm.commands.checkpoints",

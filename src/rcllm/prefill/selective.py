@@ -236,21 +236,30 @@ class Frozen:
 
 def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
             grad: bool = False, start: Frozen | None = None,
-            capture: int | None = None) -> PrefillResult:
+            capture: int | None = None, join: Sequence[Frozen] = ()) -> PrefillResult:
     """Runs the selective prefill; mutates inp.k_buf/v_buf into the prompt's final KV.
 
     grad=True keeps the autograd graph (fine-tuning); k_buf / v_buf may then be per-layer
     lists, so that writing one layer's KV never invalidates a tensor an earlier layer saved.
     `start` / `capture` (probe-free policies only, layer >= 1): see `Frozen`; the captured
     states come back in `PrefillResult.frozen`.
+    `join` (probe-free policies only): reused slots that are computed from a layer on — the
+    late interaction of `late_joint`: each `Frozen(layer, idx, h)` adds the slots idx, with
+    their states h entering that layer (from the pass that built their KV), to the computed
+    slots from `layer` up; below it they keep the KV the buffers hold.
     """
-    if (start is not None or capture is not None) and policy.needs_probe:
-        raise ValueError("start/capture need a policy without a probe (its slots never change)")
+    if (start is not None or capture is not None or join) and policy.needs_probe:
+        raise ValueError("start/capture/join need a policy without a probe (its slots never "
+                         "change)")
     for layer in (start.layer if start is not None else None, capture):
         if layer is not None and not 1 <= layer < model.arch.num_layers:
             raise ValueError(f"start/capture layer {layer} is not within 1..num_layers-1")
+    for j in join:
+        if not 1 <= j.layer < model.arch.num_layers or not bool(inp.have_kv[j.idx].all()):
+            raise ValueError(f"join layer {j.layer} must be within 1..num_layers-1 and its "
+                             "slots must hold reused KV")
     with nullcontext() if grad else torch.inference_mode():
-        return _prefill(model, inp, policy, start, capture)
+        return _prefill(model, inp, policy, start, capture, join)
 
 
 @dataclass
@@ -309,8 +318,16 @@ def _layer0_and_probe(model: Transformer, inp: PrefillInputs, policy: SelectionP
     return out
 
 
+def _joined(idx: torch.Tensor, h: torch.Tensor, j: Frozen) -> tuple[torch.Tensor, torch.Tensor]:
+    """The computed slots idx (sorted) and their states h with j's slots and states added."""
+    both = torch.cat((idx, j.idx.to(idx.device)))
+    order = torch.argsort(both)
+    return both[order], torch.cat((h, j.h.to(h.dtype))).index_select(0, order)
+
+
 def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
-             start: Frozen | None = None, capture: int | None = None) -> PrefillResult:
+             start: Frozen | None = None, capture: int | None = None,
+             join: Sequence[Frozen] = ()) -> PrefillResult:
     t0 = time.perf_counter()
     n = inp.ids.shape[0]
     if n == 0:
@@ -333,6 +350,10 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
     t1 = time.perf_counter()
     counts, frozen = [], None
     for layer in range(first, a.num_layers):
+        for j in join:
+            if j.layer == layer:
+                idx, h = _joined(idx, h, j)
+                plan = layout.plan(idx)
         if layer == capture:
             frozen = Frozen(layer, idx, h.detach())
         if layer > 1 and found is not None:

@@ -1,0 +1,111 @@
+"""The diagnostics' paths (`finetune.diagnose`) and the prefill's late join they rest on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rcllm.eval.protocol import build_cases
+from rcllm.finetune.diagnose import Diagnoser, case_part, diagnose, table
+from rcllm.model.loading import load_model
+from rcllm.prefill.selective import Frozen, prefill
+from rcllm.prompt.builder import PromptBuilder, RankRequest
+from rcllm.prompt.pointwise import PointwisePrompt
+
+
+@pytest.fixture
+def setup(tiny_ft_config, fav_dataset):
+    cfg = tiny_ft_config()
+    loaded = load_model(cfg.model)
+    builder = PromptBuilder(loaded.tokenizer, fav_dataset.items, cfg.prompt,
+                            loaded.model.arch.max_positions, "verbalizer")
+    pw = PointwisePrompt(builder, loaded.model.arch.max_positions)
+    cases = build_cases(fav_dataset, history_window=2, num_negatives=3)[:4]
+    return loaded.model, pw, cases, fav_dataset
+
+
+@pytest.mark.parametrize("s", [1, 2])
+def test_join_with_the_full_pass_states_is_the_full_pass(setup, s):
+    """Slots joined at layer s with the KV below s and the states entering s that the full
+    pass itself made give the full pass's scores exactly: the join adds nothing of its own."""
+    model, pw, cases, _ = setup
+    d = Diagnoser(model, pw, tail=0)
+    case = cases[0]
+    prompt = pw.prompt(RankRequest(case.user_id, case.history, tuple(case.candidates)))
+    ids, ranges = list(prompt.token_ids), []
+    for item, tail in prompt.blocks:
+        ranges.append((len(ids), len(ids) + len(item.token_ids) + len(tail.token_ids)))
+        ids += list(item.token_ids) + list(tail.token_ids)
+    ref = d._inputs(ids, ranges)
+    full = prefill(model, ref, d._naive, capture=s)
+    inp = d._inputs(ids, ranges)
+    items = torch.cat([torch.arange(a, a + len(b[0].token_ids))
+                       for (a, _), b in zip(ranges, prompt.blocks)])
+    for layer in range(model.arch.num_layers):
+        inp.k_buf[layer][:, items] = ref.k_buf[layer][:, items]
+        inp.v_buf[layer][:, items] = ref.v_buf[layer][:, items]
+        if layer >= s:  # above the join the buffers must not matter: poison them
+            inp.k_buf[layer][:, items] = 1e3
+    inp.have_kv[items] = True
+    h = full.frozen.h[torch.searchsorted(full.frozen.idx, items)]
+    got = prefill(model, inp, d._naive, join=[Frozen(s, items, h)])
+    torch.testing.assert_close(got.hidden_out, full.hidden_out, rtol=1e-4, atol=1e-4)
+    assert got.flops < full.flops  # the item slots were not computed below s
+    with pytest.raises(ValueError):  # a joined slot must hold reused KV
+        prefill(model, d._inputs(ids, ranges), d._naive, join=[Frozen(s, items, h)])
+
+
+def test_paths_meet_their_exact_ends(setup):
+    """late@0 is full, late@L is the fast path without a tail; full and fast equal the
+    trainer's paths (which tests pin to the engine); swapped paths read the other history."""
+    from rcllm.finetune.paths import PathScorer
+
+    model, pw, cases, _ = setup
+    L = model.arch.num_layers
+    d = Diagnoser(model, pw, tail=0, depths=(0, 1, L))
+    case, other = cases[0], cases[1]
+    got = d.score_case(case, other)
+    assert set(got) == set(d.paths())
+    np.testing.assert_allclose(got["late@0"], got["full"])
+    np.testing.assert_allclose(got[f"late@{L}"], got["fast"], rtol=1e-4, atol=1e-4)
+    ps = PathScorer(model, pw, 0)
+    with torch.no_grad():
+        want = ps.score(case.user_id, case.history, tuple(case.candidates), ("full", "reuse"))
+        swapped = ps.score(other.user_id, other.history, tuple(case.candidates),
+                           ("full", "reuse"))
+    np.testing.assert_allclose(got["full"], want.scores["full"].numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["fast"], want.scores["reuse"].numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["full_user_swapped"], swapped.scores["full"].numpy(),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["fast_user_swapped"], swapped.scores["reuse"].numpy(),
+                               rtol=1e-4, atol=1e-4)
+    # the in-between depth and the foreign and short paths really differ from full
+    for p in ("late@1", "foreign", "short"):
+        assert np.abs(got[p] - got["full"]).max() > 1e-5, p
+
+
+def test_diagnose_table_rows(setup):
+    model, pw, cases, ds = setup
+    d = Diagnoser(model, pw, tail=1, depths=(2,))
+    rows = {r["path"]: r for r in table(diagnose(d, cases, ds.items))}
+    assert rows["full"]["delta_vs_full"] == 0.0 and rows["full"]["top1_agreement"] == 1.0
+    assert "user_swap_drop" in rows["fast_user_swapped"]
+    assert sum(rows["full"][f"n_{p}"] for p in ("same_item", "same_brand", "neither")) == 4
+
+
+def test_case_part_reads_titles():
+    from types import SimpleNamespace as NS
+
+    from rcllm.records import HistoryEntry, Item
+
+    items = {i.item_id: i for i in (
+        Item("a", "Hearst — Cosmo is the mag", "", ""), Item("b", "Hearst — Cosmo is the mag", "", ""),
+        Item("c", "Hearst — Elle is another", "", ""), Item("d", "Conde — Vogue", "", ""))}
+
+    def case(target, hist):
+        return NS(target=target, history=tuple(HistoryEntry(h, 5.0, "", 0) for h in hist))
+
+    assert case_part(case("b", ["a"]), items) == "same_item"
+    assert case_part(case("c", ["a"]), items) == "same_brand"
+    assert case_part(case("d", ["a", "c"]), items) == "neither"
