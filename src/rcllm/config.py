@@ -17,14 +17,14 @@ import yaml
 
 from .errors import RcllmError
 
-METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm")
+METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm", "late")
 # Bumped whenever the text of a chunk or template the prompt builders make changes: an adapter
 # records the version it was trained on and is refused under another
 # (model.adapter_file.check_prompt_version). 2: item chunks end in the item's tag.
 PROMPT_VERSION = 2
 # the pointwise block's fixed ending after the item chunk (`prompt.block_ending`)
 BLOCK_ENDINGS = {"answer": "? Answer:", "mark": "?"}
-REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm")  # the methods that reuse chunk KV
+REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm", "late")  # methods that reuse chunk KV
 USER_SIDES = ("reuse", "exact", "behind")  # reuse.user_side
 
 
@@ -54,7 +54,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ReuseConfig:
-    method: str = opt("rcllm", "full | prefix | naive | cacheblend | epic | rcllm")
+    method: str = opt("rcllm", "full | prefix | naive | cacheblend | epic | rcllm | late")
     item_ratio: float = opt(0.3, "fraction of reused item tokens recomputed (cacheblend uses it too)")
     history_ratio: float = opt(0.3, "fraction of reused history tokens recomputed")
     window: int = opt(16, "rcllm: first tokens of each chunk recomputed first (in budget)")
@@ -72,6 +72,7 @@ class ReuseConfig:
     overlap: bool = opt(False, "gather and rotate layer l+1's reused KV in a thread while layer l computes (measured: docs/engine.md)")
     budget_scope: str = opt("prompt", "rcllm: what a kind's recompute budget is spread over: \"prompt\" (the best-scored reused tokens of the whole prompt) or \"block\" (each pointwise candidate block recomputes the same share of its own item tokens, so no candidate's score is recomputed more than another's)")
     item_tail: int = opt(0, "reuse methods: the last k tokens of every reused item chunk are computed in the prompt (they see the user side), not taken from the store; an adapter trained with train.reuse_tail=k sets it")
+    late_layer: int = opt(20, "late (pointwise scorer): the item chunks' KV comes from the store in the layers below this one; from it up every item token is computed against the user side and its own block, starting from its state entering the layer in the chunk's own pass (kept per item beside the store). 0 = every item token computed (full's item side); num_layers = naive reuse of the whole chunk")
     user_prefix: bool = opt(True, "pointwise scorer, reuse methods: take the user side from the user-prefix cache when this history was seen, and store it there after answering")
     user_side: str = opt("reuse", "pointwise scorer, reuse methods: how the user side is built on a user-prefix miss and what the cache may serve. \"reuse\": from reused history chunks as the method says, stored as served; \"exact\": its history chunks are not reused (the miss computes the user side in the request), stored exact; \"behind\": the miss is served as with \"reuse\" and the exact user side is computed after the answer and stored. \"exact\" and \"behind\" serve only entries built exactly. A reuse-aware adapter (trained with the user side exact) sets \"behind\"")
 
@@ -92,8 +93,9 @@ class ReuseConfig:
             raise RcllmError("reuse.attention_layer must be 0 or 1")
         if self.depth_decay < 0:
             raise RcllmError("reuse.depth_decay must be >= 0")
-        if self.window < 0 or self.epic_k < 0 or self.item_tail < 0:
-            raise RcllmError("reuse.window, reuse.epic_k and reuse.item_tail must be >= 0")
+        if self.window < 0 or self.epic_k < 0 or self.item_tail < 0 or self.late_layer < 0:
+            raise RcllmError("reuse.window, reuse.epic_k, reuse.item_tail and "
+                             "reuse.late_layer must be >= 0")
         if self.budget_scope not in ("prompt", "block"):
             raise RcllmError(f"reuse.budget_scope must be 'prompt' or 'block', "
                              f"not {self.budget_scope!r}")

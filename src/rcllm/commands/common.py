@@ -95,10 +95,13 @@ class Variant:
     # pointwise scorer: the user side from the user-prefix cache (warmed for the request
     # before it is timed) instead of built from reused history chunks
     user_prefix: bool = field(default=False, kw_only=True)
+    late_layer: int | None = field(default=None, kw_only=True)  # late@s; None: the config's
 
     @property
     def label(self) -> str:
-        if self.method in ("rcllm",):
+        if self.method == "late" and self.late_layer is not None:
+            name = f"late@{self.late_layer}"
+        elif self.method in ("rcllm",):
             name = f"rcllm {self.item_ratio:g}/{self.history_ratio:g}"
         elif self.method == "cacheblend":
             name = f"cacheblend {self.item_ratio:g}"
@@ -110,6 +113,8 @@ class Variant:
         out = {"user_prefix": self.user_prefix}
         if self.method in ("rcllm", "cacheblend"):
             out.update(item_ratio=self.item_ratio, history_ratio=self.history_ratio)
+        if self.method == "late" and self.late_layer is not None:
+            out["late_layer"] = self.late_layer
         return out
 
 
@@ -118,9 +123,16 @@ def parse_methods(text: str, item_ratio: float, history_ratio: float) -> list[Va
 
     out = []
     for name in [m.strip() for m in text.split(",") if m.strip()]:
+        layer = None
+        if name.startswith("late@"):  # late@s: the late method at layer s
+            name, _, s = name.partition("@")
+            if not s.isdigit():
+                raise RcllmError(f"late@S needs a layer number S, got 'late@{s}'")
+            layer = int(s)
         if name not in METHODS:
-            raise RcllmError(f"unknown method {name!r}; use {', '.join(METHODS)}")
-        out.append(Variant(name, item_ratio, history_ratio))
+            raise RcllmError(f"unknown method {name!r}; use {', '.join(METHODS)} (late@S: the "
+                             "late method at layer S)")
+        out.append(Variant(name, item_ratio, history_ratio, late_layer=layer))
     if not out or out[0].method != "full":
         out.insert(0, Variant("full"))
     return out

@@ -128,7 +128,7 @@ class Engine:
         got = assemble(self.model, prompt, reuse, user, self.caches, self.strategy.head_rows)
         inp, stats = got.inp, got.stats
         t2 = time.perf_counter()
-        res = prefill(self.model, inp, selection_policy(reuse))                # prefill
+        res = prefill(self.model, inp, selection_policy(reuse), join=got.join)  # prefill
         t3 = time.perf_counter()
         with torch.inference_mode():                                            # scores
             scores_t, logits, hidden = self.strategy.score(self.model, prompt, inp,

@@ -20,7 +20,7 @@ from ..model.transformer import Transformer
 from ..prefill.chunks import ChunkBuilder
 from ..prefill.prefix_cache import PrefixCache
 from ..prefill.layout import Layout
-from ..prefill.selective import PrefillInputs
+from ..prefill.selective import Frozen, PrefillInputs
 from ..prompt.builder import KINDS, Prompt
 from .gather import LayerGather
 from .records import SOURCES, RankStats
@@ -44,6 +44,8 @@ class Assembly:
     inp: PrefillInputs
     stats: RankStats
     misses: list[tuple[str, tuple[int, ...]]]
+    # `late`: the reused item slots computed from reuse.late_layer up (prefill's join)
+    join: list[Frozen] = field(default_factory=list)
 
 
 def exact_match(prompt: Prompt, reuse: ReuseConfig, user, caches: Caches, n: int,
@@ -79,6 +81,8 @@ def chunk_matches(prompt: Prompt, reuse: ReuseConfig, caches: Caches, after: int
         start += len(ids)
         if not seg.is_chunk or at < after:
             continue
+        if reuse.method == "late" and seg.kind == "item" and reuse.late_layer == 0:
+            continue  # every item token computed: nothing taken from the store
         tail = reuse.item_tail if seg.kind == "item" else 0  # a tail is computed in the prompt
         found = match_chunk(caches.chunks.store, caches.chunks.key(seg.kind, ids, reuse), ids,
                             tail)
@@ -130,7 +134,30 @@ def assemble(model: Transformer, prompt: Prompt, reuse: ReuseConfig, user, cache
         source[m.start:m.start + m.length][held] = SOURCES.index(m.source)
     inp = _inputs(model, prompt, ids, k_buf, v_buf, have, exact, reuse, reused)
     inp.source, inp.head_rows = source, head_rows
-    return Assembly(inp, stats, misses)
+    join = late_join(model, prompt, reuse, caches, inp) if reuse.method == "late" else []
+    return Assembly(inp, stats, misses, join)
+
+
+def late_join(model: Transformer, prompt: Prompt, reuse: ReuseConfig, caches: Caches,
+              inp: PrefillInputs) -> list[Frozen]:
+    """`late`: every item slot holding store KV joins the computed slots at reuse.late_layer,
+    with the state its chunk's own pass carried into that layer (`ChunkBuilder.states`, kept
+    per item); none when the layer is past the model's last (naive reuse of the chunk)."""
+    s = reuse.late_layer
+    if not 0 < s < model.arch.num_layers:
+        return []
+    have = inp.have_kv.cpu()
+    slots, states, start = [], [], 0
+    for seg in prompt.slot_segments():
+        at, start = start, start + len(seg.token_ids)
+        if seg.kind != "item" or not bool(have[at:start].any()) or bool(inp.exact_kv[at]):
+            continue
+        held = int(have[at:start].sum())   # the store's part: the chunk but its tail
+        slots.append(torch.arange(at, at + held))
+        states.append(caches.chunks.states("item", seg.token_ids, s, reuse)[:held])
+    if not slots:
+        return []
+    return [Frozen(s, torch.cat(slots).to(model.device), torch.cat(states))]
 
 
 def _inputs(model: Transformer, prompt: Prompt, ids: list[int], k_buf, v_buf, have, exact,

@@ -24,6 +24,7 @@ from ..kvstore.base import ChunkKV, KVStore, chunk_key
 from ..model.transformer import Transformer
 
 CHUNK_KINDS = ("history", "item")
+STATES_KEPT = 65536  # chunks' entering states kept for `late` (Magazine: 37 KB a chunk)
 
 
 class ChunkBuilder:
@@ -41,6 +42,8 @@ class ChunkBuilder:
         # (computed, context tokens, ms) of the latest builds, on whichever thread ran them: what
         # a build costs, for the simulator's price of the work behind an answer
         self.timings: deque = deque(maxlen=4096)
+        self._states: dict = {}  # (chunk key, layer) → states entering it (`states`)
+        self._states_lock = threading.Lock()
 
     def context(self, kind: str, mode: str):
         """(K, V, tag) of the tokens a chunk of `kind` is built after, or None for "none"."""
@@ -53,6 +56,31 @@ class ChunkBuilder:
             tag = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
             self._contexts[(kind, mode)] = (out["k"], out["v"], tag)
         return self._contexts[(kind, mode)]
+
+    @torch.inference_mode()
+    def states(self, kind: str, ids: Sequence[int], layer: int,
+               reuse: ReuseConfig | None = None) -> torch.Tensor:
+        """[len(ids), d]: the chunk's hidden states entering `layer` in the pass that builds its
+        KV (after its kind's context), kept per chunk and layer (up to STATES_KEPT; the
+        oldest go first): the `late` method starts the chunk's tokens there in a prompt."""
+        key = (self.key(kind, ids, reuse), layer)
+        with self._states_lock:
+            got = self._states.get(key)
+        if got is not None:
+            return got
+        from .selective import block_states
+
+        ctx = self.context(kind, (reuse or self.reuse).chunk_context)
+        a, dev = self.model.arch, self.model.device
+        k, v = (ctx[0], ctx[1]) if ctx else (
+            torch.zeros(a.num_layers, a.num_kv_heads, 0, a.head_dim, dtype=self.model.dtype,
+                        device=dev),) * 2
+        h = block_states(self.model, k, v, [list(ids)], layer)[0]
+        with self._states_lock:
+            self._states[key] = h
+            while len(self._states) > STATES_KEPT:
+                self._states.pop(next(iter(self._states)))
+        return h
 
     def context_len(self, kind: str, reuse: ReuseConfig | None = None) -> int:
         """How many tokens a chunk of `kind` is built after (0 for the "none" context)."""

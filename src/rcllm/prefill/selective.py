@@ -189,6 +189,23 @@ def blocks_kv(model: Transformer, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
+def block_states(model: Transformer, k: torch.Tensor, v: torch.Tensor,
+                 blocks: Sequence[Sequence[int]], layer: int) -> list[torch.Tensor]:
+    """The hidden states [len(block), d] entering `layer` of each token block placed right
+    after an exact KV prefix k/v, seeing the prefix and itself only: what a chunk's tokens carry
+    into that layer in the pass that builds its KV (the `late` method joins them there)."""
+    from .selection import SelectionPolicy
+
+    inp = _after_exact(model, k, v, blocks, True)
+    res = prefill(model, inp, SelectionPolicy(None), capture=layer)
+    at, rows, out = k.shape[2], res.frozen.idx, []
+    for b in blocks:
+        want = torch.arange(at, at + len(b), device=rows.device)
+        out.append(res.frozen.h[torch.searchsorted(rows, want)])
+        at += len(b)
+    return out
+
+
 def _after_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
                  blocks: Sequence[Sequence[int]], every_slot: bool) -> PrefillInputs:
     """Prefill inputs of blocks after an exact prefix: the prefix's KV held, the blocks to
