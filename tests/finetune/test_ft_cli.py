@@ -31,6 +31,14 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     assert "5 training examples (of " in out and "train.max_examples=5 keeps" in out
     assert (folders[0] / "curves.json").exists() and (folders[0] / "curves.png").exists()
     curves = json.loads((folders[0] / "curves.json").read_text())
+    # the manifest names the fast path validated on the validation users: naive or late@s,
+    # the fastest within 0.02 NDCG@10 of full (else the closest, marked so)
+    manifest = json.loads((folders[0] / "adapter.json").read_text())
+    fast = manifest["fast_path"]
+    assert manifest["trained_fast_path"]["method"] == "naive"
+    assert fast["method"] in ("naive", "late") and "fast paths on" not in out
+    assert set(fast["validation"]["ndcg10"]) == {"full", "naive", "late@2", "late@1"}
+    assert "the adapter serves" in out
     # 3 steps an epoch: validation four times an epoch is every step
     assert [r["step"] for r in curves["validation"]] == [0, 1, 2, 3]
     assert {"ce_full", "ce_reuse", "kl"} <= set(curves["train"][0])

@@ -109,3 +109,27 @@ def test_case_part_reads_titles():
     assert case_part(case("b", ["a"]), items) == "same_item"
     assert case_part(case("c", ["a"]), items) == "same_brand"
     assert case_part(case("d", ["a", "c"]), items) == "neither"
+
+
+def test_choose_fast_path_takes_the_fastest_within_the_tolerance():
+    from types import SimpleNamespace as NS
+
+    from rcllm.finetune.diagnose import choose_fast_path
+
+    good, bad = np.array([3.0, 0, 0, 0]), np.array([0, 3.0, 0, 0])   # target at index 0
+
+    class Fake:
+        tail, depths = 1, (25, 20, 10)
+
+        def __init__(self, ok):
+            self.ok = ok
+
+        def score_case(self, case, other, only):
+            return {p: good if p in self.ok else bad for p in only}
+
+    cases = [NS(candidates=("a", "b", "c", "d"), target="a")] * 3
+    got = choose_fast_path(Fake({"full", "late@20", "late@10"}), cases)
+    assert (got["method"], got["late_layer"], got["within"]) == ("late", 20, True)
+    assert choose_fast_path(Fake({"full", "fast", "late@10"}), cases)["method"] == "naive"
+    closest = choose_fast_path(Fake({"full"}), cases)
+    assert closest["within"] is False and closest["validation"]["ndcg10"]["full"] == 1.0

@@ -51,6 +51,16 @@ def save_adapter(folder: Path, factors: dict[str, torch.Tensor], manifest: dict)
     return folder / MANIFEST
 
 
+def record_fast_path(folder: Path, chosen: dict) -> None:
+    """Rewrites the manifest with the fast path validated for the adapter (`fast_path`); the
+    path it was trained for stays under `trained_fast_path`. The weights are not touched."""
+    manifest = read_manifest(folder)
+    manifest.setdefault("trained_fast_path", manifest.get("fast_path"))
+    manifest["fast_path"] = chosen
+    write_atomic(Path(folder) / MANIFEST,
+                 lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=2)))
+
+
 def fast_path(manifest: dict) -> dict | None:
     """The fast path an adapter was trained for: {"method", "item_tail", "user_side"}, or None
     (trained on the full path only). Manifests from before the field say it with
@@ -87,7 +97,7 @@ def eval_settings(cfg, path: str | Path):
     """
     import dataclasses
 
-    from ..config import PromptConfig
+    from ..config import PromptConfig, ReuseConfig
 
     manifest = read_manifest(path)
     check_prompt_version(manifest, path)
@@ -102,6 +112,11 @@ def eval_settings(cfg, path: str | Path):
         tail = int(fast["item_tail"])
         if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
             cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
+        if fast.get("method") == "late" and cfg.reuse.late_layer == ReuseConfig().late_layer:
+            # validated as late@s: the served late method joins the user at that layer (an
+            # explicit --set reuse.late_layer other than the default wins)
+            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
+                cfg.reuse, late_layer=int(fast["late_layer"])))
         if fast.get("user_side") == "exact" and cfg.reuse.user_side == "reuse":
             # trained with the user side exact: the user-prefix cache serves it exactly (built
             # behind the answer of a miss, which itself is served from reused history chunks)
@@ -120,8 +135,9 @@ def trained_scorer(path: str | Path) -> str:
 
 
 def trained_method(path: str | Path) -> str:
-    """The reuse method that matches how the adapter at `path` was trained: the fast path its
-    manifest names (naive: item KV reused as is, its item tail computed) when it was trained
-    for one; otherwise "rcllm" (a budget of reused tokens recomputed)."""
+    """The reuse method that matches the adapter at `path`: the fast path its manifest names
+    (naive: item KV reused as is, its item tail computed; late: item tokens computed against
+    the user from `late_layer` up — what `rcllm finetune` validated) when it has one; otherwise
+    "rcllm" (a budget of reused tokens recomputed)."""
     fast = fast_path(read_manifest(path))
     return fast["method"] if fast else "rcllm"

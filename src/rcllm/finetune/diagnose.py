@@ -81,7 +81,11 @@ class Diagnoser(PathScorer):
                 + ["foreign", "short", "full_user_swapped", "fast_user_swapped"])
 
     @torch.inference_mode()
-    def score_case(self, case, other) -> dict[str, np.ndarray]:
+    def score_case(self, case, other, only: Sequence[str] | None = None
+                   ) -> dict[str, np.ndarray]:
+        """Scores per path; `only`: just these of full, fast and late@s (no other user)."""
+        if only is not None:
+            return self._score_some(case, set(only))
         cands = tuple(case.candidates)
         chunks = [list(self.pw.builder.item_chunk(c)) for c in cands]
         tail = list(self.pw.prompt(RankRequest(case.user_id, case.history, cands[:1]))
@@ -112,6 +116,28 @@ class Diagnoser(PathScorer):
         short = [list(self.pw.builder._encode(" " + item_tag(self.pw.builder.catalog[c]))
                       [:SHORT_TOKENS]) for c in cands]
         out["short"] = self._run(shared, short, tail, [None] * len(short))
+        return out
+
+    def _score_some(self, case, only: set) -> dict[str, np.ndarray]:
+        cands = tuple(case.candidates)
+        chunks = [list(self.pw.builder.item_chunk(c)) for c in cands]
+        tail = list(self.pw.prompt(RankRequest(case.user_id, case.history, cands[:1]))
+                    .blocks[0][1].token_ids)
+        shared = self._shared(case.user_id, case.history, cands)
+        L = self.model.arch.num_layers
+        iso = self._isolated(chunks, [s for s in self.depths if 0 < s < L])
+        out = {}
+        if "full" in only:
+            out["full"] = self._run(shared, chunks, tail, [None] * len(chunks))
+        if "fast" in only:
+            out["fast"] = self._run(shared, chunks, tail, [
+                self._given(iso, c, len(ch) - min(self.tail, len(ch)))
+                for c, ch in enumerate(chunks)])
+        for s in self.depths:
+            if f"late@{s}" in only:
+                out[f"late@{s}"] = self._run(shared, chunks, tail, [
+                    self._given(iso, c, len(ch), join=s if 0 < s < L else None)
+                    if s > 0 else None for c, ch in enumerate(chunks)])
         return out
 
     def _shared(self, user_id, history, cands) -> list[int]:
@@ -223,3 +249,33 @@ def table(found: dict) -> list[dict]:
             row[f"n_{part}"] = int(sel.sum())
         rows.append(row)
     return rows
+
+
+CHOICE_DEPTHS = (28, 25, 20, 15, 10)  # late@s tried after naive, fastest (largest s) first
+
+
+def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
+                     progress: bool = False) -> dict:
+    """The fastest fast path whose mean NDCG@10 over `cases` (validation users) is within
+    `tolerance` of the full path's: naive with the scorer's item tail, then late@s for
+    `scorer.depths` from the largest s down (fewer layers computed is faster); when none is
+    within it, the closest, marked `"within": false`. The manifest's `fast_path`."""
+    from tqdm import tqdm
+
+    names = ["full", "fast"] + [f"late@{s}" for s in scorer.depths]
+    nd = {p: [] for p in names}
+    for case in tqdm(cases, desc="fast paths", unit="user", disable=not progress):
+        got = scorer.score_case(case, None, only=names)
+        t = list(case.candidates).index(case.target)
+        for p, sc in got.items():
+            nd[p].append(M.ndcg(sc, t, 10))
+    mean = {p: float(np.mean(v)) for p, v in nd.items()}
+    order = names[1:]
+    within = [p for p in order if mean[p] >= mean["full"] - tolerance]
+    pick = within[0] if within else max(order, key=lambda p: mean[p])
+    path = ({"method": "naive"} if pick == "fast"
+            else {"method": "late", "late_layer": int(pick.split("@")[1])})
+    return {**path, "item_tail": scorer.tail, "user_side": "exact", "within": bool(within),
+            "validation": {"users": len(cases), "tolerance": tolerance,
+                           "ndcg10": {("naive" if p == "fast" else p): round(v, 4)
+                                      for p, v in mean.items()}}}
