@@ -110,11 +110,19 @@ class PromptConfig:
     history_window: int = opt(10, "most recent reviews used")
     max_review_tokens: int = opt(96, "a review longer than this is cut (documented truncation)")
     max_item_tokens: int = opt(96, "item text longer than this is cut")
-    item_ending: str = opt("name", "what an item chunk ends in (what an item tail recomputes): "
-                                   "\"name\" = \" | <item name>\"; \"brand\" = \" | <brand>\" "
-                                   "(a \"Brand — text\" title's lead, else the name); \"text\" "
-                                   "= the title and description cut at max_item_tokens (prompt "
-                                   "version 1's chunk)")
+    item_ending: str = opt("lead", "how an item chunk spends its tokens: \"lead\" = the "
+                                   "item's name first (at most 9 tokens), then its brand "
+                                   "(a \"Brand — text\" title's lead: Magazine's publisher; "
+                                   "at most 5), then the description not already in the name; "
+                                   "\"name\" = the title and description, ending in \" | <item "
+                                   "name>\" (what an item tail recomputes); \"brand\" = ending "
+                                   "in \" | <brand>\"; \"text\" = the title and description "
+                                   "cut at max_item_tokens (prompt version 1's chunk)")
+    history_style: str = opt("compact", "how a history chunk spends its tokens: \"compact\" "
+                                        "= a one-token rating word, the item's name (at most 8 "
+                                        "tokens), then the review text; \"dated\" = "
+                                        "\"[YYYY-MM-DD, r/5] <title>: <review>\" (~17 tokens "
+                                        "of date and rating; adapters from before the option)")
     block_ending: str = opt("answer", "what a pointwise block ends in after the item chunk, "
                                       "computed for every candidate (the Yes/No is read at its "
                                       "last token): \"answer\" = \"? Answer:\" (3 tokens); "
@@ -124,9 +132,12 @@ class PromptConfig:
     def validate(self) -> None:
         if not 1 <= self.max_candidates <= 26:
             raise RcllmError("prompt.max_candidates must be within 1..26 (labels A..Z)")
-        if self.item_ending not in ("name", "brand", "text"):
-            raise RcllmError(f"prompt.item_ending must be name, brand or text, not "
+        if self.item_ending not in ("lead", "name", "brand", "text"):
+            raise RcllmError(f"prompt.item_ending must be lead, name, brand or text, not "
                              f"{self.item_ending!r}")
+        if self.history_style not in ("compact", "dated"):
+            raise RcllmError(f"prompt.history_style must be compact or dated, not "
+                             f"{self.history_style!r}")
         if self.block_ending not in BLOCK_ENDINGS:
             raise RcllmError(f"prompt.block_ending must be {' or '.join(BLOCK_ENDINGS)}, not "
                              f"{self.block_ending!r}")

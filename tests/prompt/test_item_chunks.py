@@ -26,8 +26,38 @@ def test_item_tag_drops_publisher_and_year():
     assert item_tag(ITEMS["f1"]) == "Heat"
 
 
+def test_lead_chunk_starts_with_name_then_brand(real_model):
+    """The default chunk spends its first tokens on what identifies the item: the name, the
+    brand (when the title has one), then the description."""
+    b = _builder(real_model, max_item_tokens=24)
+    enc = b._encode
+    ids = b.item_chunk("m1")
+    head = enc(" The New Yorker") + enc(" (Condé Nast") + enc(")")
+    assert ids[:len(head)] == head and len(ids) <= 24
+    assert ids[len(head):] == enc(". " + ITEMS["m1"].description)[: 24 - len(head)]
+    assert b.item_chunk("f1") == enc(" Heat")      # no brand, no description
+    assert len(_builder(real_model, max_item_tokens=6).item_chunk("m1")) == 6
+
+
+def test_compact_history_chunk_spends_tokens_on_the_review(real_model):
+    """The default history chunk: one rating token, the name, the review; no date."""
+    from rcllm.records import HistoryEntry
+
+    b = _builder(real_model, max_review_tokens=16)
+    e = HistoryEntry("m1", 4.0, "Sharp writing every single week, worth it.", 1_400_000_000)
+    ids = b.history_chunk(e)
+    enc = b._encode
+    head = enc(" liked") + enc(" The New Yorker") + enc(":")
+    assert len(enc(" liked")) == 1 and ids[:len(head)] == head
+    assert ids[len(head):] == enc(" " + e.review)[: 16 - len(head)]
+    dated = _builder(real_model, max_review_tokens=16, history_style="dated").history_chunk(e)
+    assert "2014" in real_model.tokenizer.decode(list(dated))
+    with pytest.raises(RcllmError, match="history_style"):
+        PromptConfig(history_style="long").validate()
+
+
 def test_name_ending_ends_in_the_item_name(real_model):
-    b = _builder(real_model, max_item_tokens=16)
+    b = _builder(real_model, max_item_tokens=16, item_ending="name")
     enc = b._encode
     ids = b.item_chunk("m1")
     tag = enc(" | The New Yorker")

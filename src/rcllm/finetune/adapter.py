@@ -74,7 +74,7 @@ def fast_path(manifest: dict) -> dict | None:
 
 
 # what a manifest from before a prompt option existed was trained with
-LEGACY_PROMPT = {"item_ending": "name", "block_ending": "answer"}
+LEGACY_PROMPT = {"item_ending": "name", "block_ending": "answer", "history_style": "dated"}
 
 
 def trained_prompt(manifest: dict):

@@ -97,6 +97,11 @@ class Prompt:
 
 
 ITEM_TAG_TOKENS = 4  # title tokens in an item chunk's ending (after " |")
+NAME_TOKENS = 9     # the name's tokens at the head of a "lead" item chunk
+BRAND_TOKENS = 6    # the brand's (with " ("), after the name in a "lead" item chunk
+HISTORY_NAME_TOKENS = 8  # the name's tokens in a compact history chunk
+# a compact history chunk's rating: one token each for this tokenizer (SmolLM2's)
+RATING_WORDS = {1: "hated", 2: "poor", 3: "okay", 4: "liked", 5: "loved"}
 
 
 def item_text(item: Item) -> str:
@@ -122,6 +127,18 @@ def item_brand(item: Item) -> str:
     title = item.title.strip()
     lead = title.split(" — ", 1)[0].strip() if " — " in title else ""
     return lead or item_tag(item)
+
+
+def description_rest(item: Item, name: str) -> str:
+    """The item's description without the lead the name already took (Magazine's display
+    title is "Publisher — <the description's first sentence>")."""
+    desc = " ".join(item.description.split())
+    stem = name.rstrip(". …").strip()
+    return desc[len(stem):].lstrip(" .…") if stem and desc.startswith(stem) else desc
+
+
+def rating_word(rating: float) -> str:
+    return RATING_WORDS[min(5, max(1, int(round(rating))))]
 
 
 def history_text(entry: HistoryEntry, item: Item | None) -> str:
@@ -174,6 +191,9 @@ class PromptBuilder:
         key = ("item", item_id)
         if key not in self._chunk_cache:
             item, limit = self.catalog[item_id], self.cfg.max_item_tokens
+            if self.cfg.item_ending == "lead":
+                self._chunk_cache[key] = self._lead_chunk(item)[:limit]
+                return self._chunk_cache[key]
             if self.cfg.item_ending == "text":
                 self._chunk_cache[key] = self._encode(" " + item_text(item))[:limit]
                 return self._chunk_cache[key]
@@ -183,13 +203,35 @@ class PromptBuilder:
             self._chunk_cache[key] = (body + tag)[:limit]
         return self._chunk_cache[key]
 
+    def _lead_chunk(self, item: Item) -> tuple[int, ...]:
+        """" <name> (<brand>). <the rest of the description>": what identifies the item first
+        (the name, at most NAME_TOKENS; the brand when it is not the name, at most
+        BRAND_TOKENS), the description after it."""
+        name = item_tag(item)
+        brand = item_brand(item)
+        ids = self._encode(" " + name)[:NAME_TOKENS]
+        if brand != name:
+            ids += self._encode(" (" + brand)[:BRAND_TOKENS] + self._encode(")")
+        rest = description_rest(item, name)
+        return ids + (self._encode(". " + rest) if rest else ())
+
     def forget_item(self, item_id: ItemId) -> None:
         """Drops the memoised token ids of an item (call after its text changes)."""
         self._chunk_cache.pop(("item", item_id), None)
 
     def history_chunk(self, entry: HistoryEntry) -> tuple[int, ...]:
-        ids = self._encode(" " + history_text(entry, self.catalog.get(entry.item_id)))
-        return ids[: self.cfg.max_review_tokens]
+        """`prompt.history_style=compact`: " <rating word> <name>: <review>" (one token of
+        rating, at most HISTORY_NAME_TOKENS of name, the rest review text); `dated`: `history_text`.
+        Cut at max_review_tokens."""
+        item = self.catalog.get(entry.item_id)
+        if self.cfg.history_style == "dated":
+            ids = self._encode(" " + history_text(entry, item))
+            return ids[: self.cfg.max_review_tokens]
+        name = item_tag(item) if item is not None else f"item {entry.item_id}"
+        ids = (self._encode(" " + rating_word(entry.rating)) + self._encode(" " + name)
+               [:HISTORY_NAME_TOKENS] + self._encode(":"))
+        review = " ".join(entry.review.split())
+        return (ids + (self._encode(" " + review) if review else ()))[: self.cfg.max_review_tokens]
 
     def validate(self, req: RankRequest) -> None:
         if not req.candidates:
