@@ -146,9 +146,10 @@ def default_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3),
 
 
 def pointwise_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3), (0.15, 0.15))):
-    """The listwise rows (user side built from reused history chunks: a user-prefix miss) and
-    the reuse methods again with the user side cached (a user-prefix hit)."""
-    rows = default_variants(extra_budgets)
-    rows += [Variant("naive", user_prefix=True)]
+    """The listwise rows (user side built from reused history chunks: a user-prefix miss),
+    late (items joined with the user at reuse.late_layer: an adapter's validated fast path),
+    and the reuse methods again with the user side cached (a user-prefix hit)."""
+    rows = default_variants(extra_budgets) + [Variant("late")]
+    rows += [Variant("naive", user_prefix=True), Variant("late", user_prefix=True)]
     rows += [Variant("rcllm", i, h, user_prefix=True) for i, h in extra_budgets]
     return rows
