@@ -140,10 +140,13 @@ class RcllmPolicy(SelectionPolicy):
 
     def _score(self, inp, probe: Probe, group: torch.Tensor) -> torch.Tensor:
         """[N] deviation + attention_weight × mass, each normalised by its mean over the
-        probed tokens of `group` (the tokens it ranks)."""
+        probed tokens of `group` (the tokens it ranks); `rcllm_select=attention`: the mass
+        alone."""
         probed = probe.probed if probe.probed is not None else inp.have_kv & ~inp.exact_kv
         ranked = group & probed
         raw = probe.mass1 if self.cfg.attention_layer == 1 else probe.mass
+        if self.cfg.rcllm_select == "attention":
+            return _normalised(raw, ranked)
         return (_normalised(probe.deviation, ranked)
                 + self.cfg.attention_weight * _normalised(raw, ranked))
 
@@ -181,6 +184,66 @@ class RcllmPolicy(SelectionPolicy):
         return keep
 
 
+RUN = 3  # `overlap`: the shortest run of tokens shared with the history that counts
+
+
+def shared_runs(ids: list[int], chunk: list[tuple[int, int]], history: list[tuple[int, int]],
+                run: int = RUN) -> set[int]:
+    """Slots of the chunks [(start, end)] inside a run of >= `run` tokens that also occurs in
+    one of the history chunks [(start, end)] (token ids `ids`)."""
+    grams = {tuple(ids[i:i + run]) for s, e in history for i in range(s, e - run + 1)}
+    out: set[int] = set()
+    for s, e in chunk:
+        for i in range(s, e - run + 1):
+            if tuple(ids[i:i + run]) in grams:
+                out.update(range(i, i + run))
+    return out
+
+
+def _spans(mask: torch.Tensor, offset: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of each chunk among the slots of `mask` (a chunk starts at offset 0)."""
+    slots = torch.nonzero(mask).squeeze(1).tolist()
+    spans: list[list[int]] = []
+    off = offset.tolist()
+    for p in slots:
+        if spans and off[p] != 0 and spans[-1][1] == p:
+            spans[-1][1] = p + 1
+        else:
+            spans.append([p, p + 1])
+    return [(s, e) for s, e in spans]
+
+
+class OverlapPolicy(RcllmPolicy):
+    """rcllm with `rcllm_select=overlap`: no probe. Per kind and unit its budget goes first to
+    the reused item tokens inside a run shared with the user's history chunks (`shared_runs`;
+    earliest first), then to each chunk's first tokens (the window), then in order."""
+
+    needs_probe = False
+
+    def static_set(self, inp) -> torch.Tensor:
+        ids = inp.ids.tolist()
+        history = _spans(inp.kind == HISTORY, inp.offset)
+        items = _spans(inp.kind == ITEM, inp.offset)
+        shared = torch.zeros_like(inp.have_kv)
+        hit = sorted(shared_runs(ids, items, history))
+        if hit:
+            shared[torch.tensor(hit, device=shared.device)] = True
+        n = len(ids)
+        # earlier slots rank higher within a tier: shared runs, then windows, then the rest
+        order = torch.arange(n, 0, -1, device=shared.device, dtype=torch.float32) / (n + 1)
+        score = order + 2.0 * (inp.offset < self.cfg.window).float() + 4.0 * shared.float()
+        chosen = torch.zeros_like(inp.have_kv)
+        for _, _, _, units in self._groups(inp):
+            for unit, budget, _ in units:
+                chosen |= _top(unit, score, budget)
+        return chosen
+
+    def layer_set(self, inp, depth, idx, probe):
+        return None
+
+
 def selection_policy(cfg: ReuseConfig) -> SelectionPolicy:
+    if cfg.method == "rcllm" and cfg.rcllm_select == "overlap":
+        return OverlapPolicy(cfg)
     return {"epic": EpicPolicy, "cacheblend": CacheBlendPolicy,
             "rcllm": RcllmPolicy}.get(cfg.method, SelectionPolicy)(cfg)
