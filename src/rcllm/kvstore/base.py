@@ -149,8 +149,44 @@ class InlineBuilds:
         return None
 
 
-class MemoryLRUStore(InlineBuilds):
-    """Process-memory store, least-recently-used eviction by bytes. Thread-safe."""
+class KeyWatcher(Protocol):
+    """Told of a tier's own entries as they come and go, so that its owner keeps an index of
+    what the tier holds without scanning the tier's keys. `added(key)`: the tier now holds
+    `key` (it did not before); `removed(key)`: it no longer does (evicted, or dropped as
+    invalid). Called in the thread that changed the entry, under the tier's lock: it must be
+    quick and must not call back into the store."""
+
+    def added(self, key: ChunkKey) -> None: ...
+    def removed(self, key: ChunkKey) -> None: ...
+
+
+class WatchedKeys:
+    """A tier that reports its own entries to watchers (`KeyWatcher`). The tier supplies
+    `_lock` and `_own_keys()` and calls `_added` / `_removed` under its lock, once per key
+    that enters or leaves it (a put over a held key is neither)."""
+
+    _watchers: tuple = ()
+
+    def watch(self, watcher: KeyWatcher) -> None:
+        """Reports every entry held now to `watcher.added` (once, O(entries)), then every later
+        put of a new key and every drop (O(1) each)."""
+        with self._lock:
+            for key in self._own_keys():
+                watcher.added(key)
+            self._watchers = (*self._watchers, watcher)
+
+    def _added(self, key: ChunkKey) -> None:
+        for w in self._watchers:
+            w.added(key)
+
+    def _removed(self, key: ChunkKey) -> None:
+        for w in self._watchers:
+            w.removed(key)
+
+
+class MemoryLRUStore(WatchedKeys, InlineBuilds):
+    """Process-memory store, least-recently-used eviction by bytes. Thread-safe. Eviction pops
+    the least recent entries off the ordered map: O(evicted), never a scan of the keys."""
 
     def __init__(self, capacity_bytes: int = 8 << 30):
         if capacity_bytes <= 0:
@@ -185,15 +221,21 @@ class MemoryLRUStore(InlineBuilds):
             if old is not None:
                 self._nbytes -= old.nbytes
             while self._entries and self._nbytes + size > self.capacity_bytes:
-                _, evicted = self._entries.popitem(last=False)
+                gone, evicted = self._entries.popitem(last=False)
                 self._nbytes -= evicted.nbytes
                 self.evictions += 1
+                self._removed(gone)
             self._entries[key] = value
             self._nbytes += size
+            if old is None:
+                self._added(key)
 
     def contains(self, key: ChunkKey) -> bool:
         with self._lock:
             return key in self._entries
+
+    def _own_keys(self):
+        return self._entries.keys()
 
     @property
     def nbytes(self) -> int:

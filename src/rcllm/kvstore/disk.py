@@ -38,7 +38,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from ..errors import RcllmError
-from .base import ChunkKey, ChunkKV, InlineBuilds
+from .base import ChunkKey, ChunkKV, InlineBuilds, WatchedKeys
 from .codec import InvalidEntry, KeyCheck, decode, encode_checked, read_metadata
 from .latency import TierLatency, timed
 
@@ -83,7 +83,7 @@ def claim_folder(root: Path) -> None:
         raise RcllmError(f"cannot create KV store {root}: {exc.strerror or exc}") from None
 
 
-class DiskStore(InlineBuilds):
+class DiskStore(WatchedKeys, InlineBuilds):
     """KVStore on local files, LRU by bytes. Thread-safe.
 
     get() returns None on a miss or on an invalid entry (which is deleted when it is in this
@@ -210,16 +210,19 @@ class DiskStore(InlineBuilds):
         self.kind_hits[base] = self.kind_hits.get(base, 0) + 1
 
     def _drop_locked(self, key: ChunkKey) -> None:
-        self._drop_locked_index(key)
+        if self._drop_locked_index(key):
+            self._removed(key)
         self._path(key).unlink(missing_ok=True)
 
-    def _drop_locked_index(self, key: ChunkKey) -> None:
-        """Forgets `key`'s accounting (its file is about to be replaced)."""
+    def _drop_locked_index(self, key: ChunkKey) -> bool:
+        """Forgets `key`'s accounting (its file is about to be replaced or removed); whether
+        it was indexed."""
         size = self._index.pop(key, None)
         if size is not None:
             self._nbytes -= size
             base = self._kinds.pop(key, "unknown")
             self.kind_bytes[base] = self.kind_bytes.get(base, 0) - size
+        return size is not None
 
     def _evict_locked(self, incoming_bytes: int) -> None:
         while self._index and self._nbytes + incoming_bytes > self.capacity_bytes:
@@ -303,10 +306,12 @@ class DiskStore(InlineBuilds):
             raise
         kind = read_metadata(data).get("kind", "")
         with self._lock:
-            self._drop_locked_index(key)
+            fresh = not self._drop_locked_index(key)
             self._evict_locked(len(data))
             os.replace(tmp, path)
             self._index[key] = len(data)
+            if fresh:
+                self._added(key)
             self._nbytes += len(data)
             self._count_bytes(key, kind, len(data))
             base = self._kinds[key]
@@ -318,6 +323,10 @@ class DiskStore(InlineBuilds):
                 return True
         return any(p not in self._bad and p.is_file()
                    for p in (self._path(key, s) for s in self._other_slots()))
+
+    def _own_keys(self):
+        """This slot's entries (another process's slot of a shared folder is its own)."""
+        return self._index.keys()
 
     @property
     def nbytes(self) -> int:

@@ -86,7 +86,7 @@ class Instance:
         instances' `export_items`); an import that fails (its owner died) is skipped and those
         items are recomputed."""
         t0 = time.perf_counter()
-        fetched = self._import(imports or [])
+        fetched, import_wait_ms = self._import(imports or [])
         t1 = time.perf_counter()
         try:
             out = self.host.rank(payload)
@@ -95,24 +95,40 @@ class Instance:
         st = out["stats"]
         st["fetched_items"] = fetched
         # time in this actor outside the engine's clock: the imports (object-store fetches of
-        # other instances' item KV) and the wait for the engine lock (`host.rank`)
-        st["import_ms"] = (t1 - t0) * 1e3
+        # other instances' item KV) split into the waits for an engine lock (`_import`) and
+        # the transfer itself, then the wait for the engine lock to rank (`host.rank`)
+        st["import_wait_ms"] = import_wait_ms
+        st["import_ms"] = max(0.0, (t1 - t0) * 1e3 - import_wait_ms)
         st["actor_ms"] = (time.perf_counter() - t0) * 1e3
-        resident = self.host.resident_change()
-        if resident is not None:        # an item chunk was evicted: the router's picture
-            out["resident_items"] = resident      # of this instance is replaced
+        lost = self.host.lost_items()
+        if lost is not None:            # item chunks were evicted: the router's picture of
+            out["lost_items"] = lost    # this instance drops them
         return {**out, "instance": self.index}
 
-    def _import(self, refs: list) -> int:
+    @staticmethod
+    def _fetch(ref) -> dict[str, Any]:
+        """The answer of another instance's `export_items` behind `ref`."""
         import ray
 
-        fetched = 0
+        return ray.get(ref, timeout=30)
+
+    def _import(self, refs: list) -> tuple[int, float]:
+        """Stores the item KV behind `refs`: (chunks new here, ms spent waiting for an engine
+        lock). The wait is the owner's for its lock before exporting (as much of it as this
+        fetch lasted: the owner may have waited while an earlier ref was fetched) plus this
+        instance's for its own lock to store the KV; the rest of the imports is the transfer."""
+        fetched, waited_ms = 0, 0.0
         for ref in refs:
+            t0 = time.perf_counter()
             try:
-                fetched += self.host.import_items(ray.get(ref, timeout=30))
+                export = self._fetch(ref)
+                got_ms = (time.perf_counter() - t0) * 1e3
+                new, own_wait_ms = self.host.import_items(export["rows"])
             except Exception:  # noqa: BLE001 - a dead owner means recompute, not failure
                 continue
-        return fetched
+            fetched += new
+            waited_ms += min(float(export["lock_wait_ms"]), got_ms) + own_wait_ms
+        return fetched, waited_ms
 
     def stall(self, seconds: float) -> None:
         """Fault injection for tests: holds the engine lock for `seconds` from another thread
@@ -136,8 +152,10 @@ class Instance:
         if release is not None:
             release.set()
 
-    def export_items(self, item_ids: list[str]) -> dict[str, tuple]:
-        return self.host.export_items(item_ids)
+    def export_items(self, item_ids: list[str]) -> dict[str, Any]:
+        """{"rows": item id → (token ids, K, V), "lock_wait_ms": this engine's lock wait}."""
+        rows, waited_ms = self.host.export_items(item_ids)
+        return {"rows": rows, "lock_wait_ms": waited_ms}
 
     def cached_items(self) -> list[str]:
         return self.host.cached_items()

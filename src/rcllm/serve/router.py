@@ -190,10 +190,10 @@ class RayBackend:
                 tried.add(inst.index)
                 self.retries += 1
                 continue
-            resident = out.pop("resident_items", None)      # the router's, not the client's
+            lost = out.pop("lost_items", None)      # the router's, not the client's
             inst.finished(estimate_ms, (time.perf_counter() - t0) * 1e3,
                           list(payload.get("candidates", ())),
-                          None if self.shared_tier else resident)
+                          None if self.shared_tier else lost)
             if "error" in out:
                 raise RcllmError(out["error"])
             if self.residency is not None and (

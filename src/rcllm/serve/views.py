@@ -7,8 +7,9 @@ policy's own service estimate are in the same units (as in the simulator); `serv
 the measured EWMA, used only for Retry-After. `cached` starts as the
 instance's placement (shard + hot items) that stayed in its store and grows with the items it
 served, since chunk misses are cached after the answer; an answer after an eviction carries the
-store's item list, which replaces it (`EngineHost.resident_change`). `suspect`: a call to it timed out; it gets no requests
-until a probe (`RayBackend`'s probe thread, which clears the flag) finds its engine free again.
+items the store lost, which leave it (`EngineHost.lost_items`). `suspect`: a call to it timed
+out; it gets no requests until a probe (`RayBackend`'s probe thread, which clears the flag)
+finds its engine free again.
 
 User-prefix residency (pointwise deployments): `UserResidency` records which instance holds
 each user's user side (the instance that last prewarmed or ranked the user), and the routing
@@ -68,17 +69,17 @@ class LiveInstance:
         self.outstanding_ms = max(0.0, self.outstanding_ms - estimate_ms)
 
     def finished(self, estimate_ms: float, ms: float, items: list[str],
-                 resident: list[str] | None = None) -> None:
-        """An answer: `items` (the request's candidates, whose misses are being built behind)
-        join `cached`; `resident`, when the instance evicted item KV since its last answer,
-        is what its store holds now and replaces `cached` first."""
+                 lost: list[str] | None = None) -> None:
+        """An answer: `lost`, when the instance's store dropped item KV since its last answer,
+        leaves `cached` first (O(lost): the instance reports what it lost, never its whole
+        list); then `items` (the request's candidates, whose misses are being built behind)
+        join it."""
         self.last_answer_s = time.monotonic()
         self.abandoned(estimate_ms)
         self.served += 1
         self.service_ms = 0.8 * self.service_ms + 0.2 * ms
-        if resident is not None:
-            self.cached.clear()
-            self.cached.update(resident)
+        if lost:
+            self.cached.difference_update(lost)
         self.cached.update(items)
 
 
