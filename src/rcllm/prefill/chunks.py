@@ -76,10 +76,7 @@ class ChunkBuilder:
             torch.zeros(a.num_layers, a.num_kv_heads, 0, a.head_dim, dtype=self.model.dtype,
                         device=dev),) * 2
         h = block_states(self.model, k, v, [list(ids)], layer)[0]
-        with self._states_lock:
-            self._states[key] = h
-            while len(self._states) > STATES_KEPT:
-                self._states.pop(next(iter(self._states)))
+        self._keep_state(key[0], layer, h)
         return h
 
     def context_len(self, kind: str, reuse: ReuseConfig | None = None) -> int:
@@ -105,11 +102,33 @@ class ChunkBuilder:
         """Position-independent KV of a chunk, built after its kind's context (keys pre-RoPE)."""
         ctx = self.context(kind, (reuse or self.reuse).chunk_context)
         t0 = time.perf_counter()
+        layer = self._late_layer(kind, reuse)
+        if layer is not None and ctx is not None:
+            # an item's KV and its states entering the late layer, in the same pass
+            from .selective import blocks_kv
+
+            states: list = []
+            (k, v), = blocks_kv(self.model, ctx[0], ctx[1], [list(ids)], layer, states)
+            self._keep_state(self.key(kind, ids, reuse), layer, states[0])
+            self._timed(len(ids), kind, reuse, t0)
+            return ChunkKV(tuple(ids), k, v)
         t = torch.tensor(ids, device=self.model.device)
         out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
                                  return_kv=True, logits=False)
         self._timed(len(ids), kind, reuse, t0)
         return ChunkKV(tuple(ids), out["k"], out["v"])
+
+    def _late_layer(self, kind: str, reuse: ReuseConfig | None) -> int | None:
+        """The layer whose entering states an item build also keeps (`reuse.late_layer`, when
+        it is inside the model), else None."""
+        layer = (reuse or self.reuse).late_layer
+        return layer if kind == "item" and 0 < layer < self.model.arch.num_layers else None
+
+    def _keep_state(self, key, layer: int, h: torch.Tensor) -> None:
+        with self._states_lock:
+            self._states[(key, layer)] = h
+            while len(self._states) > STATES_KEPT:
+                self._states.pop(next(iter(self._states)))
 
     def _timed(self, computed: int, kind: str, reuse: ReuseConfig | None, t0: float) -> None:
         """Records a build of `computed` tokens that started at perf_counter `t0`."""
@@ -137,7 +156,10 @@ class ChunkBuilder:
         if ctx is None or len(chunks) == 1:
             return [self.compute(kind, ids, reuse) for ids in chunks]
         t0 = time.perf_counter()
-        kv = blocks_kv(self.model, ctx[0], ctx[1], chunks)
+        layer, states = self._late_layer(kind, reuse), []
+        kv = blocks_kv(self.model, ctx[0], ctx[1], chunks, layer, states)
+        for ids, h in zip(chunks, states):
+            self._keep_state(self.key(kind, ids, reuse), layer, h)
         self._timed(sum(len(ids) for ids in chunks), kind, reuse, t0)
         return [ChunkKV(tuple(ids), k, v) for ids, (k, v) in zip(chunks, kv)]
 

@@ -172,19 +172,25 @@ def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
 
 
 def blocks_kv(model: Transformer, k: torch.Tensor, v: torch.Tensor,
-              blocks: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+              blocks: Sequence[Sequence[int]], states_at: int | None = None,
+              states: list | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(K, V) [L, H_kv, len(block), D] (keys pre-RoPE) of each token block placed right after
     an exact KV prefix k/v, seeing the prefix and itself only: what one forward of the block
     after the prefix gives (`Transformer.forward(block, k, v, return_kv=True)`), for every
-    block in one pass of the selective prefill, so the weights are read once for all of them."""
+    block in one pass of the selective prefill, so the weights are read once for all of them.
+    With `states_at`, the same pass also appends to `states` each block's hidden states
+    entering that layer ([len(block), d]: what the `late` method starts from)."""
     from .selection import SelectionPolicy
 
     inp = _after_exact(model, k, v, blocks, False)
-    prefill(model, inp, SelectionPolicy(None))
+    res = prefill(model, inp, SelectionPolicy(None), capture=states_at)
     out, at = [], k.shape[2]
     for b in blocks:
         out.append((torch.stack([kb[:, at:at + len(b)] for kb in inp.k_buf]),
                     torch.stack([vb[:, at:at + len(b)] for vb in inp.v_buf])))
+        if states_at is not None and states is not None:
+            want = torch.arange(at, at + len(b), device=res.frozen.idx.device)
+            states.append(res.frozen.h[torch.searchsorted(res.frozen.idx, want)])
         at += len(b)
     return out
 
@@ -194,16 +200,9 @@ def block_states(model: Transformer, k: torch.Tensor, v: torch.Tensor,
     """The hidden states [len(block), d] entering `layer` of each token block placed right
     after an exact KV prefix k/v, seeing the prefix and itself only: what a chunk's tokens carry
     into that layer in the pass that builds its KV (the `late` method joins them there)."""
-    from .selection import SelectionPolicy
-
-    inp = _after_exact(model, k, v, blocks, True)
-    res = prefill(model, inp, SelectionPolicy(None), capture=layer)
-    at, rows, out = k.shape[2], res.frozen.idx, []
-    for b in blocks:
-        want = torch.arange(at, at + len(b), device=rows.device)
-        out.append(res.frozen.h[torch.searchsorted(rows, want)])
-        at += len(b)
-    return out
+    states: list = []
+    blocks_kv(model, k, v, blocks, layer, states)
+    return states
 
 
 def _after_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
