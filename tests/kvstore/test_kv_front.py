@@ -237,7 +237,7 @@ def test_writes_still_queued_for_a_lower_tier_are_counted_and_waited_for(tmp_pat
     """Under load a build can finish (build_queue 0) while its write to the shared tier is
     still queued: another instance would miss it. tier_stats' `all` row counts those writes
     (`write_pending`) and the bench's wait_until_stored waits for them too."""
-    from rcllm.serve.phases import wait_until_stored
+    from rcllm.loadgen.phases import wait_until_stored
 
     gate = threading.Event()
 

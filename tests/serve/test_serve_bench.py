@@ -10,7 +10,7 @@ import mmap
 import os
 import time
 
-from rcllm.serve.phases import RssSampler
+from rcllm.loadgen.phases import RssSampler
 
 
 def test_rss_sampler_measures_each_process_in_itself():
@@ -90,7 +90,7 @@ def test_redis_fault_counts_an_error_that_lands_before_the_counters_are_read(mon
     count from the counters read before the kill (it reported 0 errors in 2 of 4 fresh-clone
     suite runs, every request on one instance)."""
     from rcllm.kvstore import redis_server
-    from rcllm.serve import phases
+    from rcllm.loadgen import phases
 
     tier = {"errors": 0, "put_count": 3, "entries": 3}
 

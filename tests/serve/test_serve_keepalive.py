@@ -7,7 +7,7 @@ import time
 
 from fastapi import FastAPI
 
-from rcllm.serve.loadgen import KEEPALIVE_EXPIRY_S
+from rcllm.loadgen.client import KEEPALIVE_EXPIRY_S
 from rcllm.serve.server import KEEP_ALIVE_S, start_in_thread
 
 REQUEST = b"GET /ping HTTP/1.1\r\nHost: test\r\nConnection: keep-alive\r\n\r\n"

@@ -8,7 +8,7 @@ import threading
 
 from serve_helpers import serve_process
 
-from rcllm.serve.loadgen import run_load
+from rcllm.loadgen.client import run_load
 
 
 def rss_kib(pid: int) -> int:

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from rcllm.errors import RcllmError
-from rcllm.bench import serve_sweep as sweep
-from rcllm.serve.trace import review_trace
+from rcllm.loadgen import series as sweep
+from rcllm.loadgen.cells import cell_metrics
+from rcllm.loadgen.trace import review_trace
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_rates_series_and_cell_numbers():
              "hits": 3, "lookups": 4, "instance": i % 2, "user_prefix": up}
             for i, (ms, up) in enumerate([(100, "hit"), (300, "miss"), (900, "hit")])]
     rows += [{"status": 429}, {"status": 503}, {"status": -1, "error": "ReadTimeout"}]
-    m = sweep.cell_metrics(rows, wall_s=2.0, slo_ms=500)
+    m = cell_metrics(rows, wall_s=2.0, slo_ms=500)
     assert (m["sent"], m["ok"], m["rejected_429"], m["errors_5xx"], m["lost"]) == (6, 3, 1, 1, 1)
     assert m["goodput_rps"] == 1.0 and m["slo_attainment"] == pytest.approx(2 / 6)
     assert m["ttft_p50_ms"] == 300 and m["chunk_hit_ratio"] == 0.75

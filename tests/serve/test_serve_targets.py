@@ -1,4 +1,4 @@
-"""The sweep's headline read off its cells (bench/serve_targets.py) and a sweep re-read at
+"""The sweep's headline read off its cells (loadgen/targets.py) and a sweep re-read at
 another SLO (`bench serve --report`): pure functions of the cells' request rows."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from rcllm.bench.serve_sweep import cell_metrics
-from rcllm.bench.serve_targets import format_targets, reread, sweep_targets
+from rcllm.loadgen.cells import cell_metrics
+from rcllm.loadgen.targets import format_targets, reread, sweep_targets
 from rcllm.errors import RcllmError
 
 

@@ -69,9 +69,9 @@ def register_bench(bench) -> None:
 
 
 def _sweep_options(p) -> None:
-    from ..bench import serve_sweep as sweep
+    from ..loadgen import series
 
-    g = p.add_argument_group("rate sweep (--sweep; bench/serve_sweep.py)")
+    g = p.add_argument_group("rate sweep (--sweep; loadgen/sweep.py)")
     g.add_argument("--sweep", action="store_true",
                    help="TTFT under load per method and routing policy over a rate sweep, on "
                         "--instances Ray instances with a private Redis (unless --no-redis); "
@@ -79,16 +79,16 @@ def _sweep_options(p) -> None:
                         "last --requests review events of the data (retrieved candidates, "
                         "arrivals compressed to each rate); --configs and the phases are not "
                         "used")
-    g.add_argument("--rates", default=sweep.DEFAULT_RATES,
+    g.add_argument("--rates", default=series.DEFAULT_RATES,
                    help="comma list of requests/s, or Nx = N x capacity (K / prefix's mean "
-                        f"engine time, measured at start; default {sweep.DEFAULT_RATES})")
-    g.add_argument("--methods", default=sweep.DEFAULT_METHODS,
+                        f"engine time, measured at start; default {series.DEFAULT_RATES})")
+    g.add_argument("--methods", default=series.DEFAULT_METHODS,
                    help="comma list: METHOD or METHOD:ITEM_RATIO:HISTORY_RATIO; with --adapter "
                         "its default method is added as 'adapter' (default "
-                        f"{sweep.DEFAULT_METHODS})")
-    g.add_argument("--policies", default=sweep.DEFAULT_POLICIES,
+                        f"{series.DEFAULT_METHODS})")
+    g.add_argument("--policies", default=series.DEFAULT_POLICIES,
                    help="routing policies of the rcllm 0.3/0.3 series (default "
-                        f"{sweep.DEFAULT_POLICIES})")
+                        f"{series.DEFAULT_POLICIES})")
     g.add_argument("--instances", type=int, default=2, help="Ray instances (default 2)")
     g.add_argument("--no-redis", action="store_true",
                    help="no Redis tier: each instance's chunk store is its own memory (item KV "
@@ -102,7 +102,7 @@ def _sweep_options(p) -> None:
     g.add_argument("--report", metavar="SWEEP_JSON",
                    help="run nothing: re-read a finished or stopped sweep (sweep.json or "
                         "sweep.partial.json) at --slo-ms and write its table, PNGs and the "
-                        "targets' verdict to --out (bench/serve_targets.py)")
+                        "targets' verdict to --out (loadgen/targets.py)")
     g.add_argument("--out", default="bench-serve-sweep",
                    help="folder of sweep.json, sweep.md and the PNGs (default bench-serve-sweep)")
 
@@ -125,8 +125,8 @@ def _warmup_count(arg: str, n: int) -> int:
 def _phases(args, backend, url: str, bodies: list[dict], redis):
     """Yields (phase, summary) for the measured phases of one configuration, in order (module
     docstring), each as soon as it ends."""
-    from ..serve import phases
-    from ..serve.loadgen import run_load
+    from ..loadgen import phases
+    from ..loadgen.client import run_load
 
     steady = run_load(url, bodies, args.qps)
     yield "steady", steady
@@ -151,15 +151,15 @@ def run(args) -> int:
     if (getattr(args, "report", None) or getattr(args, "sweep", False)) and args.slo_ms <= 0:
         raise RcllmError("--slo-ms must be > 0")       # before a sweep starts or a file is read
     if getattr(args, "report", None):
-        from ..bench.serve_sweep import write_outputs
-        from ..bench.serve_targets import reread
+        from ..loadgen.sweep import write_outputs
+        from ..loadgen.targets import reread
 
         write_outputs(reread(args.report, args.slo_ms, args.out), args.out)
         print(f"re-read {args.report} at SLO {args.slo_ms:g} ms; outputs in {args.out}")
         return 0
     with lifecycle.stop_signals_exit():   # SIGTERM / SIGHUP: Redis and Ray stopped as on ^C
         if getattr(args, "sweep", False):
-            from ..bench.serve_sweep import run_sweep
+            from ..loadgen.sweep import run_sweep
 
             return run_sweep(args)
         return _run(args)
@@ -167,9 +167,10 @@ def run(args) -> int:
 
 def _config_rows(args, conf: str, bodies: list[dict], warm: int, redis) -> list[dict]:
     """One INSTANCES:POLICY deployment: its warm-up, then every phase, one row each."""
-    from ..serve import lifecycle, phases
+    from ..loadgen import phases
+    from ..loadgen.client import run_load
+    from ..serve import lifecycle
     from ..serve.app import create_app
-    from ..serve.loadgen import run_load
     from ..serve.router import RayBackend
     from ..serve.server import start_in_thread
     from ..serve.settings import ServeSettings

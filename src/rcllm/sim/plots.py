@@ -42,7 +42,7 @@ def method_cell(c: dict) -> bool:
     return c["policy"] == ("load-only" if c["method"] in ("full", "prefix") else "affinity")
 
 
-# the name of the method the sweep's policy series runs (bench.serve_sweep.POLICY_METHOD)
+# the name of the method the sweep's policy series runs (loadgen.series.POLICY_METHOD)
 POLICY_SERIES = "rcllm-0.3/0.3"
 
 

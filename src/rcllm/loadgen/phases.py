@@ -1,6 +1,6 @@
 """The phases of `rcllm bench serve` after warm-up, each a load run with something done to the
 deployment meanwhile: a Redis kill and restart, a long soak above capacity with the servers'
-RSS sampled, an instance kill. Every phase returns `loadgen.run_load`'s summary plus what the
+RSS sampled, an instance kill. Every phase returns `client.run_load`'s summary plus what the
 phase itself observed.
 """
 
@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Callable
 
-from .loadgen import run_load
+from .client import run_load
 
 
 def rss_bytes(pid: int) -> int | None:
@@ -114,7 +114,7 @@ def during_load(url: str, bodies: list[dict], qps: float,
     return out, results
 
 
-def _redated(bodies: list[dict], days: int) -> list[dict]:
+def redated(bodies: list[dict], days: int) -> list[dict]:
     """`bodies` with every history entry dated `days` later: new history chunks (a chunk
     starts with its date), so requests miss and store."""
     return [{**b, "history": [{**h, "timestamp": h["timestamp"] + 86_400 * days}
@@ -134,7 +134,7 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
     restarted server whatever the timing of the load was."""
     from ..kvstore.redis_server import RedisServer
 
-    bodies = _redated(bodies, 1)
+    bodies = redated(bodies, 1)
 
     def tier(name: str) -> dict:
         return store_stats().get(name, {})
@@ -156,7 +156,7 @@ def redis_fault(url: str, bodies: list[dict], qps: float, redis, store_stats,
 
     res, (at_kill, at_restart) = during_load(url, bodies, qps, [(1 / 3, kill), (2 / 3, restart)])
     time.sleep(retry_after_s + 0.2)     # the circuit breaker closes again
-    again = run_load(url, _redated(bodies[-max(1, len(bodies) // 3):], 1), qps)
+    again = run_load(url, redated(bodies[-max(1, len(bodies) // 3):], 1), qps)
     res["after_restart"] = {k: again[k] for k in ("sent", "ok", "statuses", "failed")}
     wait_until_stored(store_stats)
     time.sleep(1.0)     # write-behind of the last requests

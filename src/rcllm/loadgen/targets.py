@@ -20,6 +20,7 @@ import json
 import os
 
 from ..errors import RcllmError
+from .cells import cell_metrics
 
 BASELINE = "prefix"
 POLICY_SERIES = "rcllm-0.3/0.3"
@@ -104,8 +105,6 @@ def _verdict(name: str, ratio: float | None, target: float) -> str:
 def reread(path: str, slo_ms: float, out: str) -> dict:
     """A finished (`sweep.json`) or stopped (`sweep.partial.json`) sweep with every cell's
     SLO numbers recomputed from its requests at `slo_ms`, written to `out` (never over `path`)."""
-    from .serve_sweep import cell_metrics
-
     if not os.path.isfile(path):
         raise RcllmError(f"--report {path!r}: no such file (a sweep.json or sweep.partial.json)")
     with open(path, encoding="utf-8") as fh:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
-from .server import KEEP_ALIVE_S
+from ..serve.server import KEEP_ALIVE_S
 
 # the client drops an idle connection well before the server would (no close race)
 KEEPALIVE_EXPIRY_S = min(5.0, KEEP_ALIVE_S / 4)

@@ -1,0 +1,79 @@
+"""The numbers of one cell of a served sweep, read off its per-request rows (loadgen/sweep.py
+runs the cells; `targets.reread` recomputes them at another SLO).
+
+Per cell: TTFT as the client sees it (arrival to answer: the ranking is the first token; queue
+and HTTP included) P50/P90/P99 with a bootstrap 90% interval of P50 and P99, the engine's own
+TTFT and the CPU its thread used to reach it (lower: it waited for a core), queue time (client
+latency - engine time), goodput (answered within `--slo-ms` per second of the cell's wall time)
+and SLO attainment, chunk and user-prefix hit ratios, 429s, 5xx and lost requests (transport
+errors or timeouts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429", "errors_5xx",
+         "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
+         "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
+         "chunk_hit_ratio", "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance")
+
+
+def _pct(xs: np.ndarray, q: float) -> float:
+    return float(np.percentile(xs, q)) if len(xs) else float("nan")
+
+
+def bootstrap_interval(xs: np.ndarray, q: float, level: float = 0.9, draws: int = 1000,
+                       seed: int = 0) -> list[float]:
+    """Percentile-bootstrap interval of the q-th percentile of `xs`."""
+    if len(xs) < 2:
+        return [float("nan"), float("nan")]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(xs), size=(draws, len(xs)))
+    stats = np.percentile(xs[idx], q, axis=1)
+    lo = (1 - level) / 2 * 100
+    return [float(np.percentile(stats, lo)), float(np.percentile(stats, 100 - lo))]
+
+
+def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
+    """The per-cell numbers of one load's per-request rows (module docstring)."""
+    ok = [r for r in rows if r["status"] == 200]
+    lat = np.array([r["latency_ms"] for r in ok])
+    eng = np.array([r["ttft_ms"] for r in ok])
+    cpu = np.array([r["thread_cpu_ms"] for r in ok if "thread_cpu_ms" in r])
+    split = [(r["ttft_ms"], r["thread_cpu_ms"], r["run_wait_ms"]) for r in ok
+             if r.get("run_wait_ms") is not None]
+    wall_cpu_wait = np.array(split).sum(axis=0) if split else None
+    queue = np.array([max(0.0, r["latency_ms"] - r["total_ms"]) for r in ok])
+    within = int((lat <= slo_ms).sum()) if len(lat) else 0
+    up = [r["user_prefix"] for r in ok if r.get("user_prefix", "off") != "off"]
+    return {"sent": len(rows), "ok": len(ok),
+            "rejected_429": sum(r["status"] == 429 for r in rows),
+            "errors_5xx": sum(r["status"] >= 500 for r in rows),
+            "lost": sum(r["status"] == -1 for r in rows),
+            "other_4xx": sum(400 <= r["status"] < 500 and r["status"] != 429 for r in rows),
+            "wall_s": wall_s,
+            "ttft_p50_ms": _pct(lat, 50), "ttft_p90_ms": _pct(lat, 90),
+            "ttft_p99_ms": _pct(lat, 99),
+            "ttft_p50_ci90": bootstrap_interval(lat, 50),
+            "ttft_p99_ci90": bootstrap_interval(lat, 99),
+            "engine_ttft_p50_ms": _pct(eng, 50), "engine_ttft_p99_ms": _pct(eng, 99),
+            # CPU its engine thread used to the first token (below the engine TTFT: it waited
+            # for a core; the same: it computed the whole time)
+            "engine_cpu_p50_ms": _pct(cpu, 50),
+            # of the engine threads' time to the first token, the shares spent computing,
+            # runnable but waiting for a core, and blocked (I/O, locks); None: not reported
+            "engine_time_split": None if wall_cpu_wait is None else {
+                "cpu": float(wall_cpu_wait[1] / wall_cpu_wait[0]),
+                "run_wait": float(wall_cpu_wait[2] / wall_cpu_wait[0]),
+                "blocked": float(1 - (wall_cpu_wait[1] + wall_cpu_wait[2]) / wall_cpu_wait[0])},
+            "queue_p50_ms": _pct(queue, 50), "queue_p99_ms": _pct(queue, 99),
+            "goodput_rps": within / wall_s if wall_s > 0 else 0.0,
+            "slo_attainment": within / max(1, len(rows)),
+            "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
+            "user_prefix_hit_ratio": (sum(u == "hit" for u in up) / len(up)) if up else None,
+            # a returning user's history has grown by the last review: at best an append
+            "user_prefix_append_ratio": (sum(u == "append" for u in up) / len(up)) if up
+            else None,
+            "per_instance": {str(k): sum(r["instance"] == k for r in ok)
+                             for k in sorted({r["instance"] for r in ok})}}

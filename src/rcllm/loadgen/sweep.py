@@ -1,0 +1,255 @@
+"""`rcllm bench serve --sweep`: TTFT under load per method and routing policy, on the served
+cluster (issue 30 item 1).
+
+One deployment (K Ray instances, one thread each, a private Redis tier unless `--no-redis`)
+serves every cell, so the instances' start-up is paid once. A cell is one (series, rate): a
+series is a method with its routing policy (`series.py`) — full and prefix routed load-only
+(their caches do not depend on the instance), rcllm (and an adapter's own default method, its
+fast path) by affinity, as in the simulator — or rcllm 0.3/0.3 under each other policy. Within
+a rate every series runs once, one after the other (so a drift of the shared machine's speed
+hits every series alike), the router's policy swapped between cells.
+
+The workload is `loadgen.trace.review_trace`: the last `--requests` review events of the
+category, candidates from the retrieval stage, arrivals compressed to the cell's rate with the
+trace's user repeats and bursts kept. Every cell dates its requests' history a day later than
+the cell before (`phases.redated`): each cell's history chunks and user sides are new, so its
+hit ratios come from the item shards, the item KV cached so far, and the users who repeat
+within the cell — never from an earlier cell's requests. One unmeasured warm-up pass (rcllm,
+in waves that are never refused) fills the item caches first, and a wave of each series'
+method takes torch's first calls at its shapes off the books; between cells the build-behind
+queue is drained, so a cell does not pay for the previous one's misses.
+
+Per cell: the numbers of `cells.py`. Outputs under `--out`: sweep.json (cells with every
+request's row; sweep.partial.json holds the cells done so far while it runs, what a stopped
+sweep leaves), sweep.md (the table) and two PNGs (TTFT against rate per method and per
+policy). Rates: absolute requests/s, or `Nx` = N × capacity, capacity = K × 1000 / the mean
+engine time of `prefix` on the trace, measured at start (the simulator's `--load` convention).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import numpy as np
+
+from ..errors import RcllmError
+from ..report import markdown_table
+from ..sim.plots import draw_sweep, method_cell, policy_cell
+from .cells import TABLE, cell_metrics
+from .client import run_load
+from .phases import redated, wait_until_stored
+from .series import POLICY_METHOD, Series, parse_method, parse_rates, series_of
+from .targets import format_targets, sweep_targets
+from .trace import review_trace
+
+
+def _waves(url: str, bodies: list[dict], size: int) -> dict:
+    """`bodies` in waves of `size` sent at once, each wave after the last is answered (the
+    warm-up and the capacity probe: as fast as the deployment goes, never refused)."""
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    for k in range(0, len(bodies), max(1, size)):
+        part = bodies[k:k + max(1, size)]
+        rows += run_load(url, part, 0, 600.0, arrivals_s=[0.0] * len(part),
+                         keep_rows=True)["requests"]
+    return {"requests": rows, "sent": len(rows), "ok": sum(r["status"] == 200 for r in rows),
+            "wall_s": time.perf_counter() - t0}
+
+
+def _warm_up(url: str, backend, trace, series, rates, wave: int):
+    """The warm-up (every trace body once, then each series' first requests, off the books)
+    and, when a rate is relative, the capacity probe: (warm-up summary, capacity rps | None)."""
+    warm_fields = parse_method(POLICY_METHOD)[1]
+    warm = _waves(url, [{**b, **warm_fields} for b in trace.bodies], wave)
+    # each method's first requests (torch's first calls at its shapes) off the books
+    first = trace.bodies[:wave]
+    for s in series:
+        _waves(url, [s.body(b) for b in redated(first, -1)], wave)
+    wait_until_stored(backend.store_stats)
+    capacity = None
+    if any(rel for _v, rel in rates):
+        probe = _waves(url, [{**b, "method": "prefix"} for b in trace.bodies], wave)
+        engine_ms = [r["total_ms"] for r in probe["requests"] if r["status"] == 200]
+        if not engine_ms:
+            raise RcllmError("the capacity probe got no answer")
+        capacity = wave * 1e3 / float(np.mean(engine_ms))
+        wait_until_stored(backend.store_stats)
+    return warm, capacity
+
+
+def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
+    """One cell: series `s` at one rate (`at` = value, relative?, rate, arrival times) on the
+    trace dated `day` days later (no earlier cell's cache entry matches), then drained."""
+    from ..routing import routing_policy
+    from ..serve.views import UserResidency
+
+    value, rel, rate, arrivals = at
+    backend.policy = routing_policy(s.policy, backend.cost)
+    if backend.residency is not None:
+        backend.residency = UserResidency(backend.residency.ttl_s)
+    bodies = [s.body(b) for b in redated(trace.bodies, day)]
+    # the machine's speed now (`model.reference`): the simulator puts the cell and its fit run
+    # on one scale with it (the VM's speed drifts within a sweep)
+    reference = backend.speed_reference()
+    load_before = os.getloadavg()[0]
+    res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True)
+    drained = wait_until_stored(backend.store_stats)
+    cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
+            "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
+            **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
+            "builds_drained": drained, "arrivals_s": arrivals.tolist(),
+            # the items the router counts as held by each instance after the cell (with the
+            # Redis tier one shared set; without it what each store kept, views.LiveInstance)
+            "held_items": [len(i.cached) for i in backend.instances],
+            "reference_ms": reference,
+            # the machine's 1-min load average before and after the cell: a quiet 2-core
+            # machine running this sweep stays near 2-3
+            "loadavg_1m": [load_before, os.getloadavg()[0]],
+            "requests": [dict(r) for r in res["requests"]]}
+    print(f"cell {cell['series']} at {rate:.3f} rps: p50/p99 "
+          f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
+          f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
+          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost; load average "
+          f"{load_before:.1f}", flush=True)
+    return cell
+
+
+def _cells(url: str, backend, series, rates, capacity, trace, args) -> list[dict]:
+    """Every cell, rate by rate; `sweep.partial.json` rewritten after each (what a stopped
+    sweep leaves)."""
+    cells: list[dict] = []
+    day = 0
+    for value, rel in rates:
+        rate = value * capacity if rel else value
+        arrivals = trace.arrivals_s(rate)
+        for s in series:
+            day += 1
+            cells.append(_cell(url, backend, s, args, trace, day,
+                               (value, rel, rate, arrivals)))
+            with open(os.path.join(args.out, "sweep.partial.json"), "w",
+                      encoding="utf-8") as fh:   # what a stopped sweep leaves
+                json.dump({"name": "bench.serve.sweep", "partial": True,
+                           "instances": args.instances, "slo_ms": args.slo_ms,
+                           "capacity_rps": capacity, "cells": cells}, fh, default=str)
+    return cells
+
+
+def run_sweep(args) -> int:
+    """Runs the sweep the arguments describe and writes its outputs (module docstring)."""
+    from ..kvstore.redis_server import RedisServer
+    from ..launch import load_data
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
+    series = series_of(args.methods, args.policies, bool(args.adapter))
+    rates = parse_rates(args.rates)
+    os.makedirs(args.out, exist_ok=True)
+    t_start = time.perf_counter()
+    trace = review_trace(load_data(args), args.requests, args.candidates, seed=args.seed)
+    print(f"trace: {json.dumps(trace.summary())}", flush=True)
+    redis = None if getattr(args, "no_redis", False) else RedisServer().start()
+    try:
+        spec = _engine_spec(args, redis)
+        run = _serve_cells(spec, args, trace, series, rates)
+    finally:
+        if redis is not None:
+            redis.stop()
+    report = {"name": "bench.serve.sweep", "redis_tier": redis is not None,
+              "config": {k: v for k, v in vars(args).items() if k != "func"},
+              "trace": trace.summary(), "capacity_rps": run["capacity"],
+              "start_s": run["start_s"], "cells_arrival_span_s": run["span_s"],
+              "slo_ms": args.slo_ms, "instances": args.instances,
+              "router_profile": run["profile"], "cpu_count": os.cpu_count(),
+              "series": [s.__dict__ for s in series],
+              # the instances' builder threads' niceness (the simulator weighs them by it)
+              "behind_nice": spec.engine_config()[0].reuse.behind_nice,
+              "wall_s": time.perf_counter() - t_start, "cells": run["cells"]}
+    write_outputs(report, args.out)
+    print(f"sweep: {len(run['cells'])} cells in {report['wall_s']:.0f} s; outputs in {args.out}")
+    return 0
+
+
+def _engine_spec(args, redis):
+    """The instances' engine, as the arguments describe it, on the private Redis (if any)."""
+    from ..serve.spec import EngineSpec
+
+    return EngineSpec(args.config, tuple(args.overrides), args.data, args.format,
+                      args.category, args.kv_dir, args.adapter, args.scorer,
+                      redis_url=f"redis://127.0.0.1:{redis.port}" if redis else None,
+                      kv_encoding=args.kv_encoding)
+
+
+def _serve_cells(spec, args, trace, series, rates) -> dict:
+    """Starts the deployment, warms it up and runs every cell on it: {start_s, capacity,
+    span_s (the cells' arrivals), cells, profile (the router's)}."""
+    from ..serve import lifecycle
+    from ..serve.app import create_app
+    from ..serve.router import RayBackend
+    from ..serve.server import start_in_thread
+    from ..serve.settings import ServeSettings
+
+    t0 = time.perf_counter()
+    backend = RayBackend(spec, args.instances, args.queue_size, "affinity")
+    lifecycle.install()          # ray.init put its own SIGTERM handler in place
+    start_s = time.perf_counter() - t0
+    running = start_in_thread(create_app(backend, ServeSettings(queue_size=args.queue_size)))
+    try:
+        # one request per instance at a time: never refused, and never queued long
+        # enough for the app's 120 s timeout however slow the machine (a wave of a whole
+        # queue per instance got 504s on a busy 2-core box)
+        warm, capacity = _warm_up(running.url, backend, trace, series, rates, args.instances)
+        span_s = sum(len(series) * trace.arrivals_s(v * capacity if rel else v)[-1]
+                     for v, rel in rates)
+        print(f"start {start_s:.1f} s; warm-up {warm['wall_s']:.1f} s "
+              f"({warm['ok']}/{warm['sent']} answered); capacity "
+              f"{capacity if capacity is None else round(capacity, 3)} rps; the cells' "
+              f"arrivals span {span_s / 60:.1f} min (plus the drain of overloaded cells)",
+              flush=True)
+        cells = _cells(running.url, backend, series, rates, capacity, trace, args)
+        profile = {"name": backend.profile.name}
+    finally:
+        running.stop()
+    return {"start_s": start_s, "capacity": capacity, "span_s": span_s, "cells": cells,
+            "profile": profile}
+
+
+def write_outputs(report: dict, out: str) -> None:
+    """sweep.json, sweep.md and the two PNGs of a sweep report, with the targets' verdict
+    (`targets`) added to the report, written into sweep.md and printed."""
+    report["targets"] = sweep_targets(report["cells"], report["slo_ms"])
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "sweep.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1, default=str)
+    rows = [{**c, "per_instance": "/".join(str(v) for v in c["per_instance"].values())}
+            for c in report["cells"]]
+    table = markdown_table(rows, TABLE)
+    with open(os.path.join(out, "sweep.md"), "w", encoding="utf-8") as fh:
+        fh.write(f"# bench serve --sweep: {report['trace']['requests']} requests per cell, "
+                 f"{report.get('instances', '?')} instances"
+                 f"{', no Redis tier' if report.get('redis_tier') is False else ''}, "
+                 f"SLO {report['slo_ms']:g} ms\n\n"
+                 f"TTFT = client latency (queue + HTTP + engine); trace {report['trace']}; "
+                 f"capacity {report['capacity_rps']} rps; wall {report['wall_s']:.0f} s\n\n")
+        fh.write(table + "\n\n```\n" + format_targets(report["targets"]) + "\n```\n")
+    print(table)
+    print(format_targets(report["targets"]))
+    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_methods.png"), method_cell,
+               lambda c: c["method"], "TTFT against rate per method (served cluster)")
+    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_policies.png"), policy_cell,
+               lambda c: c["policy"],
+               f"TTFT against rate per routing policy ({parse_method(POLICY_METHOD)[0]})")
+
+
+def plot_sweep(cells: list[dict], path: str, keep, label, title: str) -> None:
+    """One panel of `draw_sweep` written to `path`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    draw_sweep(ax, cells, keep, label, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
