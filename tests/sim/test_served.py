@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rcllm.routing.fit import predict_ms
-from rcllm.sim import served, slowdown
+from rcllm.sim import served, served_cluster, slowdown
 from rcllm.commands.sim import register
 
 
@@ -172,11 +172,11 @@ def test_a_niced_builder_takes_only_its_weight_of_a_shared_core():
     """At the served `reuse.behind_nice` (recorded in the sweep) a builder weighs
     behind_weight(nice) of an engine thread: on one core the next request runs at
     1/(1 + w) of full speed while the build runs, not at half; at nice 0 the same as before."""
-    assert served.core_shares([1.0, 1.0, 1.0], 2) == pytest.approx([2 / 3] * 3)
-    assert served.core_shares([1.0, 0.1], 2) == [1.0, 1.0]
-    assert served.core_shares([1.0, 1.0, 0.1, 0.1], 2) == pytest.approx(
+    assert served_cluster.core_shares([1.0, 1.0, 1.0], 2) == pytest.approx([2 / 3] * 3)
+    assert served_cluster.core_shares([1.0, 0.1], 2) == [1.0, 1.0]
+    assert served_cluster.core_shares([1.0, 1.0, 0.1, 0.1], 2) == pytest.approx(
         [2 / 2.2, 2 / 2.2, 0.2 / 2.2, 0.2 / 2.2])
-    assert served.core_shares([1.0, 0.05], 1.5) == pytest.approx([1.0, 0.5])  # capped at a core
+    assert served_cluster.core_shares([1.0, 0.05], 1.5) == pytest.approx([1.0, 0.5])  # capped at a core
     assert served.behind_weight(0) == 1.0 and served.behind_weight(10) == pytest.approx(110 / 1024)
     profile = served.fit_profile(_fit_records(np.random.default_rng(0)))
     one = float(predict_ms(profile, "full", np.array([500]), np.array([500]))[0])

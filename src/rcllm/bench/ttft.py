@@ -61,37 +61,51 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
     requests = [RankRequest(c.user_id, c.history, c.candidates) for c in cases]
     engine.rank(requests[0], "full", prefix_insert=False)  # warm-up: first-call allocations are not a method's cost
     per: dict[str, list] = {v.label: [] for v in variants}
-    records = []
+    records: list[dict] = []
     bar = tqdm(requests, desc="ranking", unit="req", disable=not progress)
     store_misses = engine.cfg.reuse.cache_misses
     for req in bar:
-        top1_full = full_scores = None
-        for v in variants:
-            # misses are stored after the last method, so that no method hits a chunk an
-            # earlier method of the same request computed
-            opts = dict(prefix_insert=False, cache_misses=False, **v.overrides())
-            if engine.user_prefixes is not None:
-                engine.user_prefixes.invalidate_user(req.user_id)
-                if v.user_prefix:
-                    engine.rank(req, v.method, **opts)  # untimed: stores the user side
-            r = engine.rank(req, v.method, **opts)
-            if v.method == "full":
-                top1_full, full_scores = r.ranking[0], r.scores
-            s = r.stats
-            per[v.label].append((r.ttft_ms, s["recomputed_fraction"], s["flops"], s["full_flops"],
-                                 r.ranking[0] == top1_full, _kl(full_scores, r.scores)))
-            records.append({"method": v.method, "variant": v.label, "user_id": req.user_id,
-                            "context_tokens": s["tokens"],
-                            "recomputed_tokens": s["recomputed_tokens"],
-                            "reused_tokens": sum(s["reused_tokens"].values()) + s["prefix_tokens"],
-                            "prefix_tokens": s["prefix_tokens"],
-                            "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms,
-                            "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"],
-                            "thread_cpu_ms": s["thread_cpu_ms"],
-                            "run_wait_ms": s["run_wait_ms"]})
+        _rank_variants(engine, req, variants, per, records)
         if store_misses:  # what the engine's cache_misses does after an answer, off the clock
             engine.build_history(req.history)
             engine.build_items(req.candidates)
+    return _rows(variants, per), records
+
+
+def _rank_variants(engine, req: RankRequest, variants, per: dict[str, list],
+                   records: list[dict]) -> None:
+    """Every variant on `req`, one after the other, each timed: its numbers appended to
+    `per[label]` (ttft, recomputed fraction, flops, full flops, top-1 = full's, KL from
+    full's) and its record to `records`."""
+    top1_full = full_scores = None
+    for v in variants:
+        # misses are stored after the last method, so that no method hits a chunk an
+        # earlier method of the same request computed
+        opts = dict(prefix_insert=False, cache_misses=False, **v.overrides())
+        if engine.user_prefixes is not None:
+            engine.user_prefixes.invalidate_user(req.user_id)
+            if v.user_prefix:
+                engine.rank(req, v.method, **opts)  # untimed: stores the user side
+        r = engine.rank(req, v.method, **opts)
+        if v.method == "full":
+            top1_full, full_scores = r.ranking[0], r.scores
+        s = r.stats
+        per[v.label].append((r.ttft_ms, s["recomputed_fraction"], s["flops"], s["full_flops"],
+                             r.ranking[0] == top1_full, _kl(full_scores, r.scores)))
+        records.append({"method": v.method, "variant": v.label, "user_id": req.user_id,
+                        "context_tokens": s["tokens"],
+                        "recomputed_tokens": s["recomputed_tokens"],
+                        "reused_tokens": sum(s["reused_tokens"].values()) + s["prefix_tokens"],
+                        "prefix_tokens": s["prefix_tokens"],
+                        "chunk_misses": s["chunk_misses"], "ttft_ms": r.ttft_ms,
+                        "build_ms": s["build_ms"], "assemble_ms": s["assemble_ms"],
+                        "thread_cpu_ms": s["thread_cpu_ms"],
+                        "run_wait_ms": s["run_wait_ms"]})
+
+
+def _rows(variants, per: dict[str, list]) -> list[dict]:
+    """One row per variant: its TTFT percentiles, speedups over full and prefix (ratios of
+    medians), and fidelity against full."""
     p50 = {label: statistics.median(x[0] for x in vals) for label, vals in per.items()}
     full_p50 = p50.get("full")
     prefix_p50 = p50.get("prefix")
@@ -114,4 +128,4 @@ def run_ttft(engine, cases, variants, progress: bool = False) -> tuple[list[dict
     for row in rows:
         row["measured_vs_flop_bound"] = (row["speedup_vs_full"] / row["flop_bound_speedup"]
                                          if row["speedup_vs_full"] else None)
-    return rows, records
+    return rows

@@ -70,16 +70,10 @@ def _scorer_options(p, default: str) -> None:
 
 def _run(args, name: str) -> int:
     from ..bench.ttft import prepare_caches, run_ttft
-    from ..eval.protocol import retrieval_recall
+    from ..model.reference import reference_ms
 
     t0 = time.perf_counter()
-    cfg = engine_config(args)
-    scorer = args.scorer or args.default_scorer
-    if args.adapter:
-        from ..finetune.adapter import eval_settings, trained_scorer
-
-        cfg, _, _ = eval_settings(cfg, args.adapter)
-        scorer = args.scorer or trained_scorer(args.adapter)
+    cfg, scorer = _settings(args)
     ds, cases = load_workload(args)
     print(f"workload: {ds.name}, {len(cases)} requests, {args.candidates} candidates each; "
           f"scorer {scorer}")
@@ -90,8 +84,6 @@ def _run(args, name: str) -> int:
         from ..engine import UNTUNED_NOTE
 
         print(f"note: {UNTUNED_NOTE}")
-    from ..model.reference import reference_ms
-
     caches = prepare_caches(engine, cases, args.new_reviews, progress=True)
     reference = [reference_ms(engine.model)]     # the machine's speed, before and after
     variants = pointwise_variants() if scorer == "pointwise" else default_variants()
@@ -100,29 +92,9 @@ def _run(args, name: str) -> int:
                      if v.method == "rcllm" and not v.user_prefix]
     rows, records = run_ttft(engine, cases, variants, progress=True)
     reference.append(reference_ms(engine.model))
-    tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
-    summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
-               "candidate_source": args.candidate_source, "scorer": scorer,
-               "adapter": args.adapter, "untuned": engine.untuned,
-               "retrieval_recall": retrieval_recall(cases), "reference_ms": reference,
-               "wall_s": time.perf_counter() - t0}
-    for row in rows:
-        if row["method"] == "rcllm":
-            tag = f"{row['item_ratio']:g}_{row['history_ratio']:g}"
-            tag += "_user_prefix" if row["variant"].endswith("+user prefix") else ""
-            tag += "_flat" if row["variant"].endswith(" flat") else ""
-            summary[f"rcllm_{tag}_speedup_vs_full"] = row["speedup_vs_full"]
-            summary[f"rcllm_{tag}_speedup_vs_prefix"] = row["speedup_vs_prefix"]
-    print()
-    print(markdown_table(rows, COLUMNS))
-    print(f"\nmean prompt {summary['mean_prompt_tokens']:.0f} tokens; items built ahead "
-          f"{caches['items_built_ahead']}, history chunks built ahead "
-          f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "
-          f"computed on the spot; {summary['wall_s']:.0f} s")
-    print_retrieval_recall(summary["retrieval_recall"])
-    if engine.untuned:  # said again under the table, where the top-1 columns are read
-        print("top-1 and KL compare each method with full on the same untuned model: fidelity, "
-              "not ranking quality")
+    summary = _summary(args, cases, caches, rows, records, scorer, engine.untuned, reference,
+                       time.perf_counter() - t0)
+    _print_table(args, rows, caches, summary, engine.untuned)
     if args.json:
         config = {"engine": cfg, "data": args.data or "synthetic", "format": args.format,
                   "requests": args.requests, "candidates": args.candidates, "seed": args.seed,
@@ -130,6 +102,53 @@ def _run(args, name: str) -> int:
         write_report(args.json, name, config, rows, {**summary, "requests": records})
         print(f"wrote {args.json}")
     return 0
+
+
+def _settings(args):
+    """(engine config, scorer): the options', with an adapter's settings and scorer adopted."""
+    cfg = engine_config(args)
+    scorer = args.scorer or args.default_scorer
+    if args.adapter:
+        from ..finetune.adapter import eval_settings, trained_scorer
+
+        cfg, _, _ = eval_settings(cfg, args.adapter)
+        scorer = args.scorer or trained_scorer(args.adapter)
+    return cfg, scorer
+
+
+def _summary(args, cases, caches: dict, rows: list[dict], records: list[dict], scorer: str,
+             untuned: bool, reference: list[float], wall_s: float) -> dict:
+    """The report's summary: the caches built ahead, the workload, the speed reference, and
+    each rcllm variant's speedups under its own key."""
+    from ..eval.protocol import retrieval_recall
+
+    tokens = [r["context_tokens"] for r in records if r["method"] == "full"]
+    summary = {**caches, "request_count": len(cases), "mean_prompt_tokens": sum(tokens) / len(tokens),
+               "candidate_source": args.candidate_source, "scorer": scorer,
+               "adapter": args.adapter, "untuned": untuned,
+               "retrieval_recall": retrieval_recall(cases), "reference_ms": reference,
+               "wall_s": wall_s}
+    for row in rows:
+        if row["method"] == "rcllm":
+            tag = f"{row['item_ratio']:g}_{row['history_ratio']:g}"
+            tag += "_user_prefix" if row["variant"].endswith("+user prefix") else ""
+            tag += "_flat" if row["variant"].endswith(" flat") else ""
+            summary[f"rcllm_{tag}_speedup_vs_full"] = row["speedup_vs_full"]
+            summary[f"rcllm_{tag}_speedup_vs_prefix"] = row["speedup_vs_prefix"]
+    return summary
+
+
+def _print_table(args, rows: list[dict], caches: dict, summary: dict, untuned: bool) -> None:
+    print()
+    print(markdown_table(rows, COLUMNS))
+    print(f"\nmean prompt {summary['mean_prompt_tokens']:.0f} tokens; items built ahead "
+          f"{caches['items_built_ahead']}, history chunks built ahead "
+          f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "
+          f"computed on the spot; {summary['wall_s']:.0f} s")
+    print_retrieval_recall(summary["retrieval_recall"])
+    if untuned:  # said again under the table, where the top-1 columns are read
+        print("top-1 and KL compare each method with full on the same untuned model: fidelity, "
+              "not ranking quality")
 
 
 def run(args) -> int:

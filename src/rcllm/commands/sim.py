@@ -131,11 +131,37 @@ def _sweep(args) -> int:
     builds, reference = load_fit_extras(fit_paths)
     cost = fit_behind(builds)
     reference = reference if args.speed_reference else None
+    slowdown, pairs, calibration = _busy_slowdown(args, sweep, profile, reference)
+    weight = None
+    if args.served_weight:
+        weight = _served_weight(calibration, profile, args, slowdown, cost, reference)
+    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
+                                  not args.no_behind, cost, reference, args.service, weight)
+    _print_pricing(args, cost, builds, reference, rows, summary)
+    write_outputs(sweep, rows, summary, profile, args.out,
+                  {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
+                   "min_repeats": args.min_repeats, "routing": args.routing,
+                   "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
+                   "served_from": args.served_from, "served_weight": weight,
+                   "busy_slowdown": slowdown, "busy_pairs": pairs,
+                   "behind": not args.no_behind, "behind_cost": cost,
+                   "fit_reference_ms": reference, "service": args.service})
+    worst = summary["worst_rel_err_below_capacity"]
+    print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
+          f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
+          f"worst {'-' if worst is None else f'{worst:.3f}'}); outputs in {args.out}")
+    return 0
+
+
+def _busy_slowdown(args, sweep, profile, reference):
+    """(F: one number or per engine method, the requests it was measured on or None, the
+    --served-from run or None): --busy-slowdown as given, or measured on two bench ttft runs
+    (--busy-from) or on a separate served run (--served-from), never on the sweep."""
     if args.busy_slowdown <= 0:
         raise RcllmError("--busy-slowdown must be > 0")
     if sum([bool(args.busy_from), bool(args.served_from), args.busy_slowdown != 1.0]) > 1:
         raise RcllmError("--busy-slowdown, --busy-from and --served-from each set F: give one")
-    slowdown, pairs, weight = args.busy_slowdown, None, None
+    slowdown, pairs, calibration = args.busy_slowdown, None, None
     if args.busy_from:
         from ..routing.validate import load_bench_requests
         from ..sim.slowdown import busy_slowdown_from
@@ -147,7 +173,7 @@ def _sweep(args) -> int:
         print(f"busy slowdown per method (median over {pairs} requests, {args.busy_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
     if args.served_from:
-        from ..sim.served import service_ms, speed_scale
+        from ..sim.served import load_sweep, service_ms, speed_scale
         from ..sim.slowdown import same_run, served_slowdown_from
 
         calibration = load_sweep(args.served_from)
@@ -160,10 +186,11 @@ def _sweep(args) -> int:
         print(f"served slowdown per method (engine thread CPU over the profile's price, median "
               f"over {pairs} requests of {args.served_from}): "
               + ", ".join(f"{m} {f:.3f}" for m, f in slowdown.items()))
-    if args.served_weight:
-        weight = _served_weight(calibration, profile, args, slowdown, cost, reference)
-    rows, summary = predict_sweep(sweep, profile, args.routing, args.overhead_ms, slowdown,
-                                  not args.no_behind, cost, reference, args.service, weight)
+    return slowdown, pairs, calibration
+
+
+def _print_pricing(args, cost, builds, reference, rows, summary) -> None:
+    """What the prediction priced requests and behind work with, and what it left out."""
     if args.service == "measured":
         print("service = each request's measured engine TTFT (no cost model, no behind work, "
               "no scaling): the error left is the queueing model's and the time outside the "
@@ -186,19 +213,6 @@ def _sweep(args) -> int:
     if not summary["behind_recorded"]:
         print("note: this sweep predates behind_tokens (the work each answer queues behind "
               "it): predicted without it")
-    write_outputs(sweep, rows, summary, profile, args.out,
-                  {"sweep_json": args.sweep_json, "fit_json": args.fit_json,
-                   "min_repeats": args.min_repeats, "routing": args.routing,
-                   "overhead_ms": args.overhead_ms, "busy_from": args.busy_from,
-                   "served_from": args.served_from, "served_weight": weight,
-                   "busy_slowdown": slowdown, "busy_pairs": pairs,
-                   "behind": not args.no_behind, "behind_cost": cost,
-                   "fit_reference_ms": reference, "service": args.service})
-    worst = summary["worst_rel_err_below_capacity"]
-    print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
-          f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
-          f"worst {'-' if worst is None else f'{worst:.3f}'}); outputs in {args.out}")
-    return 0
 
 
 def _served_weight(calibration, profile, args, slowdown, cost, reference) -> float:
@@ -283,6 +297,18 @@ def register(top, bench) -> None:
     sim = top.add_parser("sim", help="cluster simulator: experiments, validation, speed")
     sub = sim.add_subparsers(dest="sim_command", metavar="SIM")
     sim.set_defaults(func=lambda _a: (sim.print_help(), 2)[1])
+    _run_parser(sub)
+    _validate_parser(sub)
+    _sweep_parser(sub)
+    prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")
+    from ..routing.vidur_fit import DEFAULT_DIR
+    prof.add_argument("--vidur-dir", default=os.path.normpath(DEFAULT_DIR))
+    prof.set_defaults(func=_profiles)
+    _add_bench_args(sub.add_parser("bench", help="simulator and routing speed"))
+    _add_bench_args(bench.add_parser("sim", help="simulator and routing speed"))
+
+
+def _run_parser(sub) -> None:
     run = sub.add_parser("run", help="run a paper experiment; writes JSON + PNG + markdown")
     run.add_argument("experiment", choices=EXPERIMENTS + ("all",))
     run.add_argument("--out", default="sim-out")
@@ -307,6 +333,9 @@ def register(top, bench) -> None:
                           "retriever's shortlist")
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_run)
+
+
+def _validate_parser(sub) -> None:
     val = sub.add_parser("validate", help="cost-model error against `rcllm bench ttft --json`")
     val.add_argument("--bench-json", required=True,
                      help="the run whose TTFTs are predicted; comma-separated repeated runs of "
@@ -323,6 +352,9 @@ def register(top, bench) -> None:
                           "(bench ttft's reference passes; scaled by default when every run "
                           "has them)")
     val.set_defaults(func=_validate)
+
+
+def _sweep_parser(sub) -> None:
     sw = sub.add_parser("sweep", help="predict a `rcllm bench serve --sweep` run cell by cell "
                                       "with a profile fitted on a separate `bench ttft` run")
     sw.add_argument("--sweep-json", required=True, help="the sweep's sweep.json")
@@ -370,9 +402,3 @@ def register(top, bench) -> None:
                          "is not the cost model's)")
     sw.add_argument("--out", default="sim-sweep", help="output folder (default sim-sweep)")
     sw.set_defaults(func=_sweep)
-    prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")
-    from ..routing.vidur_fit import DEFAULT_DIR
-    prof.add_argument("--vidur-dir", default=os.path.normpath(DEFAULT_DIR))
-    prof.set_defaults(func=_profiles)
-    _add_bench_args(sub.add_parser("bench", help="simulator and routing speed"))
-    _add_bench_args(bench.add_parser("sim", help="simulator and routing speed"))

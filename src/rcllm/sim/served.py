@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections import deque
 from typing import Any, Mapping
 
 import numpy as np
@@ -44,6 +43,7 @@ import numpy as np
 from ..errors import RcllmError
 from ..routing.fit import fit_cpu_profile, predict_ms, relative_nnls
 from ..routing.profiles import SpeedProfile
+from .served_cluster import ServedCluster, core_shares  # noqa: F401 (core_shares: read as served's)
 from .slowdown import slowdown_of
 
 
@@ -143,26 +143,6 @@ def behind_weight(nice: int) -> float:
     return CFS_WEIGHTS[max(0, min(19, int(nice)))] / CFS_WEIGHTS[0]
 
 
-def core_shares(weights: list[float], cores: float) -> list[float]:
-    """Each runnable thread's speed (fraction of one core) when threads of these CPU weights
-    share `cores` (weighted processor sharing: a thread never runs faster than one core; what
-    a capped thread cannot use goes to the others by weight)."""
-    if len(weights) <= cores:
-        return [1.0] * len(weights)
-    rates, left, free = [0.0] * len(weights), float(cores), set(range(len(weights)))
-    while free:
-        lam = left / sum(weights[i] for i in free)
-        capped = [i for i in free if lam * weights[i] >= 1.0]
-        if not capped:
-            for i in free:
-                rates[i] = lam * weights[i]
-            break
-        for i in capped:
-            rates[i], left = 1.0, left - 1.0
-            free.discard(i)
-    return rates
-
-
 def simulate_cell(*args, **kwargs) -> tuple[np.ndarray, np.ndarray, bool]:
     """Predicted TTFT (ms) and service time (ms) of a cell's answered requests, and whether
     the policy's own decisions were simulated (False: replayed): `simulate_engine`'s first
@@ -198,7 +178,26 @@ def simulate_engine(arrivals_s: list[float], requests: list[dict], profile: Spee
     price — the queueing model with a perfect cost model (pass `scale` 1, F 1 and no `cores`:
     the measured times already hold the machine's speed and the contention)."""
     own = routing == "policy" and policy in ("load-only", "round-robin")
-    jobs = [(at_s * 1e3, float(r["ttft_ms"]) + overhead_ms if measured else
+    jobs = _jobs(arrivals_s, requests, profile, instances, overhead_ms, busy_slowdown, cores,
+                 behind_cost, scale, measured)
+    sim = ServedCluster(jobs, instances, cores, builder_weight, slowdown_of(busy_slowdown, "*"))
+    while sim.pending():
+        run, brun = sim.speeds()
+        t_next = sim.advance(run, brun)
+        sim.complete(run, brun)
+        if t_next <= sim.t and sim.nxt < len(jobs):
+            sim.arrive(sim.destination(own, policy))
+    ttft = np.array([sim.done[i] - jobs[i][0] for i in range(len(jobs))])
+    return (ttft, np.array([j[1] for j in jobs]), own,
+            np.array([sim.done[i] - sim.began[i] for i in range(len(jobs))]))
+
+
+def _jobs(arrivals_s, requests, profile, instances, overhead_ms, busy_slowdown, cores,
+          behind_cost, scale, measured) -> list[tuple]:
+    """`simulate_engine`'s answered requests, each (arrival ms, service ms, the instance the
+    router chose, the ms of each job it queued behind its answer — none without `cores` —,
+    its busy slowdown F)."""
+    return [(at_s * 1e3, float(r["ttft_ms"]) + overhead_ms if measured else
              scale * service_ms(profile, r.get("method") or "rcllm", r["recomputed_tokens"],
                                 r["context_tokens"], overhead_ms),
              int(r["instance"]) % instances,
@@ -207,74 +206,6 @@ def simulate_engine(arrivals_s: list[float], requests: list[dict], profile: Spee
              if cores else [],
              slowdown_of(busy_slowdown, r.get("method") or "rcllm"))
             for at_s, r in zip(arrivals_s, requests) if r["status"] == 200]
-    f_behind = slowdown_of(busy_slowdown, "*")
-    queues: list[deque] = [deque() for _ in range(instances)]
-    left = [0.0] * instances                 # work left (ms at full speed) of the one served
-    serving: list[int | None] = [None] * instances
-    behind: list[deque] = [deque() for _ in range(instances)]   # each builder's jobs (ms)
-    bleft = [0.0] * instances                # work left of the behind job running, if any
-    building = [False] * instances
-    done = [0.0] * len(jobs)
-    began = [0.0] * len(jobs)
-    t, nxt = 0.0, 0
-
-    def start(d: int) -> None:
-        if serving[d] is None and queues[d]:
-            serving[d] = queues[d].popleft()
-            left[d] = jobs[serving[d]][1]
-            began[serving[d]] = t
-
-    def start_behind(d: int) -> None:
-        if not building[d] and behind[d]:
-            building[d], bleft[d] = True, behind[d].popleft()
-
-    while nxt < len(jobs) or any(j is not None for j in serving) or any(building):
-        busy = [d for d in range(instances) if serving[d] is not None]
-        builders = [d for d in range(instances) if building[d]]
-        threads = len(busy) + len(builders)
-        shares = (core_shares([1.0] * len(busy) + [builder_weight] * len(builders), cores)
-                  if cores and threads else [1.0] * threads)
-
-        def speed(f: float, share: float) -> float:
-            return (1.0 if threads <= 1 else 1.0 / f) * share
-
-        run = {d: speed(jobs[serving[d]][4], sh) for d, sh in zip(busy, shares)}
-        brun = {d: speed(f_behind, sh) for d, sh in zip(builders, shares[len(busy):])}
-        t_done = min([t + left[d] / run[d] for d in busy]
-                     + [t + bleft[d] / brun[d] for d in builders], default=np.inf)
-        t_next = jobs[nxt][0] if nxt < len(jobs) else np.inf
-        now = min(t_done, t_next)
-        for d in busy:
-            left[d] -= (now - t) * run[d]
-        for d in builders:
-            bleft[d] -= (now - t) * brun[d]
-        t = now
-        for d in builders:
-            if bleft[d] <= 1e-9:
-                building[d] = False
-                start_behind(d)
-        for d in busy:
-            if left[d] <= 1e-9:
-                done[serving[d]] = t
-                behind[d].extend(jobs[serving[d]][3])
-                serving[d] = None
-                start(d)
-                start_behind(d)
-        if t_next <= t and nxt < len(jobs):
-            if not own:
-                dest = jobs[nxt][2]
-            elif policy == "round-robin":
-                dest = nxt % instances
-            else:   # least outstanding work: what is left in service plus the queue
-                dest = int(np.argmin([left[d] * (serving[d] is not None)
-                                      + sum(jobs[q][1] for q in queues[d])
-                                      for d in range(instances)]))
-            queues[dest].append(nxt)
-            start(dest)
-            nxt += 1
-    ttft = np.array([done[i] - jobs[i][0] for i in range(len(jobs))])
-    return (ttft, np.array([j[1] for j in jobs]), own,
-            np.array([done[i] - began[i] for i in range(len(jobs))]))
 
 
 def engine_spans(requests: list[dict]) -> list[tuple[float, float, int]]:
@@ -332,56 +263,16 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     nice = int(sweep.get("behind_nice", 0))
     weight = behind_weight(nice) if builder_weight is None else float(builder_weight)
     k = sweep_instances(sweep)
-    capacity = sweep.get("capacity_rps")
-    rows, predicted = [], []
+    rows = []
     for c in sweep["cells"]:
         scale = speed_scale(c, fit_reference_ms)
         ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
                                        routing, overhead_ms, busy_slowdown, cores,
                                        behind_cost, scale, measured, weight)
-        ok = [r for r in c["requests"] if r["status"] == 200]
-        work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
-                    for n, ctx in r.get("behind_tokens", []))
-                for r in ok]
-        if not len(ttft):
-            continue
-        cpu = [r["thread_cpu_ms"] for r in ok if "thread_cpu_ms" in r]  # sweeps since 2026-12-03
-        p50, p99 = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))
-        below = capacity is None or c["rate_rps"] < capacity
-        rows.append({"rate_rps": c["rate_rps"], "series": c["series"], "method": c["method"],
-                     "policy": c["policy"], "below_capacity": below,
-                     "routing": "simulated" if own else "replayed",
-                     "measured_p50_ms": c["ttft_p50_ms"], "predicted_p50_ms": p50,
-                     "p50_rel_err": _rel(p50, c["ttft_p50_ms"]),
-                     "measured_p99_ms": c["ttft_p99_ms"], "predicted_p99_ms": p99,
-                     "p99_rel_err": _rel(p99, c["ttft_p99_ms"]),
-                     "measured_engine_p50_ms": c["engine_ttft_p50_ms"],
-                     # the CPU the engine thread used: below the engine time = waiting for a core
-                     "measured_engine_cpu_p50_ms": float(np.median(cpu)) if cpu else None,
-                     "predicted_service_p50_ms": float(np.percentile(svc, 50)),
-                     "behind_ms_per_request": float(np.mean(work)) if recorded else None,
-                     "speed_scale": scale})
-        predicted.append({"rate_rps": c["rate_rps"], "method": c["method"],
-                          "policy": c["policy"], "ttft_p50_ms": p50, "ttft_p99_ms": p99})
-    below = [r for r in rows if r["below_capacity"]]
-    errs = [max(r["p50_rel_err"], r["p99_rel_err"]) for r in below]
-    summary = {"cells": len(rows), "cells_below_capacity": len(below),
-               "within_15pct_below_capacity": sum(e <= 0.15 for e in errs),
-               "worst_rel_err_below_capacity": max(errs) if errs else None,
-               "median_p50_rel_err": float(np.median([r["p50_rel_err"] for r in rows]))
-               if rows else None,
-               "median_p99_rel_err": float(np.median([r["p99_rel_err"] for r in rows]))
-               if rows else None,
-               # > 1: the served engine ran slower than the fitted profile says, before any
-               # queueing (contention for the cores, the builder thread): not a queueing error
-               "median_engine_over_predicted_service": float(np.median(
-                   [r["measured_engine_p50_ms"] / r["predicted_service_p50_ms"] for r in rows]))
-               if rows else None,
-               "median_engine_cpu_over_predicted_service": float(np.median(
-                   [r["measured_engine_cpu_p50_ms"] / r["predicted_service_p50_ms"] for r in rows
-                    if r["measured_engine_cpu_p50_ms"] is not None]))
-               if any(r["measured_engine_cpu_p50_ms"] is not None for r in rows) else None,
-               "target": 0.15, "profile": profile.name, "routing": routing,
+        if len(ttft):
+            rows.append(_cell_row(c, ttft, svc, own, sweep.get("capacity_rps"), recorded,
+                                  profile, behind_cost, scale))
+    summary = {**_errors(rows), "target": 0.15, "profile": profile.name, "routing": routing,
                "service": service,
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
@@ -393,6 +284,54 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                "behind_cost": list(behind_cost) if behind_cost else None,
                # the fit run's reference pass (ms); None: cells not scaled to the fit's speed
                "fit_reference_ms": fit_reference_ms,
-               "predicted": predicted}
+               "predicted": [{"rate_rps": r["rate_rps"], "method": r["method"],
+                              "policy": r["policy"], "ttft_p50_ms": r["predicted_p50_ms"],
+                              "ttft_p99_ms": r["predicted_p99_ms"]} for r in rows]}
     return rows, summary
 
+
+def _cell_row(c: dict[str, Any], ttft: np.ndarray, svc: np.ndarray, own: bool,
+              capacity: float | None, recorded: bool, profile: SpeedProfile,
+              behind_cost: BehindCost | None, scale: float) -> dict[str, Any]:
+    """One cell's measured against predicted P50/P99 (`predict_sweep`'s row)."""
+    ok = [r for r in c["requests"] if r["status"] == 200]
+    work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
+                        for n, ctx in r.get("behind_tokens", []))
+            for r in ok]
+    cpu = [r["thread_cpu_ms"] for r in ok if "thread_cpu_ms" in r]  # sweeps since 2026-12-03
+    p50, p99 = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))
+    below = capacity is None or c["rate_rps"] < capacity
+    return {"rate_rps": c["rate_rps"], "series": c["series"], "method": c["method"],
+            "policy": c["policy"], "below_capacity": below,
+            "routing": "simulated" if own else "replayed",
+            "measured_p50_ms": c["ttft_p50_ms"], "predicted_p50_ms": p50,
+            "p50_rel_err": _rel(p50, c["ttft_p50_ms"]),
+            "measured_p99_ms": c["ttft_p99_ms"], "predicted_p99_ms": p99,
+            "p99_rel_err": _rel(p99, c["ttft_p99_ms"]),
+            "measured_engine_p50_ms": c["engine_ttft_p50_ms"],
+            # the CPU the engine thread used: below the engine time = waiting for a core
+            "measured_engine_cpu_p50_ms": float(np.median(cpu)) if cpu else None,
+            "predicted_service_p50_ms": float(np.percentile(svc, 50)),
+            "behind_ms_per_request": float(np.mean(work)) if recorded else None,
+            "speed_scale": scale}
+
+
+def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's error figures over the cells (below capacity: the 15% target's)."""
+    below = [r for r in rows if r["below_capacity"]]
+    errs = [max(r["p50_rel_err"], r["p99_rel_err"]) for r in below]
+    cpu = [r["measured_engine_cpu_p50_ms"] / r["predicted_service_p50_ms"] for r in rows
+           if r["measured_engine_cpu_p50_ms"] is not None]
+    return {"cells": len(rows), "cells_below_capacity": len(below),
+            "within_15pct_below_capacity": sum(e <= 0.15 for e in errs),
+            "worst_rel_err_below_capacity": max(errs) if errs else None,
+            "median_p50_rel_err": float(np.median([r["p50_rel_err"] for r in rows]))
+            if rows else None,
+            "median_p99_rel_err": float(np.median([r["p99_rel_err"] for r in rows]))
+            if rows else None,
+            # > 1: the served engine ran slower than the fitted profile says, before any
+            # queueing (contention for the cores, the builder thread): not a queueing error
+            "median_engine_over_predicted_service": float(np.median(
+                [r["measured_engine_p50_ms"] / r["predicted_service_p50_ms"] for r in rows]))
+            if rows else None,
+            "median_engine_cpu_over_predicted_service": float(np.median(cpu)) if cpu else None}
