@@ -25,7 +25,8 @@ def test_every_method_pays_for_the_new_review(tiny_loaded, workload, cache_misse
     prepare_caches(eng, cases, new_reviews=1)
     _, records = run_ttft(eng, cases, default_variants())
     reuse = [r for r in records if r["method"] in REUSE_METHODS]
-    assert {r["method"] for r in reuse} == set(REUSE_METHODS)
+    # every reuse method of the listwise rows (late is a pointwise row: pointwise_variants)
+    assert {r["method"] for r in reuse} == set(REUSE_METHODS) - {"late"}
     for case in cases:
         misses = [r["chunk_misses"] for r in reuse if r["user_id"] == case.user_id]
         # the one review not built ahead is a miss for every method, not only the first

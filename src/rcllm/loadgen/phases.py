@@ -115,9 +115,12 @@ def during_load(url: str, bodies: list[dict], qps: float,
 
 
 def redated(bodies: list[dict], days: int) -> list[dict]:
-    """`bodies` with every history entry dated `days` later: new history chunks (a chunk
-    starts with its date), so requests miss and store."""
-    return [{**b, "history": [{**h, "timestamp": h["timestamp"] + 86_400 * days}
+    """`bodies` with every history entry dated `days` later and its review marked so: new
+    history chunks under either chunk style (`prompt.history_style`: a dated chunk starts with
+    its date; a compact one has no date but its review text follows the name within a few
+    tokens), so requests miss and store."""
+    return [{**b, "history": [{**h, "timestamp": h["timestamp"] + 86_400 * days,
+                               "review": f"(+{days}d) {h.get('review', '')}".rstrip()}
                               for h in b["history"]]} for b in bodies]
 
 
