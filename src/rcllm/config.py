@@ -114,7 +114,7 @@ class PromptConfig:
     history_window: int = opt(10, "most recent reviews used")
     max_review_tokens: int = opt(96, "a review longer than this is cut (documented truncation)")
     max_item_tokens: int = opt(96, "item text longer than this is cut")
-    item_ending: str = opt("lead", "how an item chunk spends its tokens: \"lead\" = the "
+    item_ending: str = opt("name", "how an item chunk spends its tokens: \"lead\" = the "
                                    "item's name first (at most 9 tokens), then its brand "
                                    "(a \"Brand — text\" title's lead: Magazine's publisher; "
                                    "at most 5), then the description not already in the name; "
@@ -122,11 +122,13 @@ class PromptConfig:
                                    "name>\" (what an item tail recomputes); \"brand\" = ending "
                                    "in \" | <brand>\"; \"text\" = the title and description "
                                    "cut at max_item_tokens (prompt version 1's chunk)")
-    history_style: str = opt("compact", "how a history chunk spends its tokens: \"compact\" "
+    history_style: str = opt("dated", "how a history chunk spends its tokens: \"compact\" "
                                         "= a one-token rating word, the item's name (at most 8 "
                                         "tokens), then the review text; \"dated\" = "
                                         "\"[YYYY-MM-DD, r/5] <title>: <review>\" (~17 tokens "
-                                        "of date and rating; adapters from before the option)")
+                                        "of date and rating). dated and name stay the "
+                                        "defaults: compact/lead trained worse on Magazine "
+                                        "(docs/finetune.md)")
     block_ending: str = opt("answer", "what a pointwise block ends in after the item chunk, "
                                       "computed for every candidate (the Yes/No is read at its "
                                       "last token): \"answer\" = \"? Answer:\" (3 tokens); "

@@ -27,23 +27,23 @@ def test_item_tag_drops_publisher_and_year():
 
 
 def test_lead_chunk_starts_with_name_then_brand(real_model):
-    """The default chunk spends its first tokens on what identifies the item: the name, the
+    """`item_ending=lead` spends the first tokens on what identifies the item: the name, the
     brand (when the title has one), then the description."""
-    b = _builder(real_model, max_item_tokens=24)
+    b = _builder(real_model, max_item_tokens=24, item_ending="lead")
     enc = b._encode
     ids = b.item_chunk("m1")
     head = enc(" The New Yorker") + enc(" (Condé Nast") + enc(")")
     assert ids[:len(head)] == head and len(ids) <= 24
     assert ids[len(head):] == enc(". " + ITEMS["m1"].description)[: 24 - len(head)]
     assert b.item_chunk("f1") == enc(" Heat")      # no brand, no description
-    assert len(_builder(real_model, max_item_tokens=6).item_chunk("m1")) == 6
+    assert len(_builder(real_model, max_item_tokens=6, item_ending="lead").item_chunk("m1")) == 6
 
 
 def test_compact_history_chunk_spends_tokens_on_the_review(real_model):
-    """The default history chunk: one rating token, the name, the review; no date."""
+    """`history_style=compact`: one rating token, the name, the review; no date."""
     from rcllm.records import HistoryEntry
 
-    b = _builder(real_model, max_review_tokens=16)
+    b = _builder(real_model, max_review_tokens=16, history_style="compact")
     e = HistoryEntry("m1", 4.0, "Sharp writing every single week, worth it.", 1_400_000_000)
     ids = b.history_chunk(e)
     enc = b._encode
