@@ -251,7 +251,7 @@ def table(found: dict) -> list[dict]:
     return rows
 
 
-CHOICE_DEPTHS = (28, 25, 20, 15, 10)  # late@s tried after naive, fastest (largest s) first
+CHOICE_DEPTHS = (28, 25, 20, 15, 10, 5)  # late@s tried after naive, fastest (largest s) first
 
 
 def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
