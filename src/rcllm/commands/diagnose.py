@@ -102,7 +102,7 @@ def _plot(path: str, rows: list[dict], depths: list[int], layers: int, name: str
     ax.axhline(-0.02, color="grey", ls=":", lw=0.8, label="−0.02 target")
     ax.set_xlabel(f"s: first layer where item tokens see the user (of {layers})")
     ax.set_ylabel("ΔNDCG@10 vs full (paired 95% CI)")
-    ax.set_title(f"{name}: how deep must the item meet the user")
+    ax.set_title(f"{name}: how deep must the item meet the user", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
