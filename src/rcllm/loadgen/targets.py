@@ -16,10 +16,9 @@ or read at another SLO gives the same verdict its requests support.
 
 from __future__ import annotations
 
-import json
 import os
 
-from ..errors import RcllmError
+from ..errors import RcllmError, read_json_file
 from .cells import cell_metrics
 
 BASELINE = "prefix"
@@ -105,13 +104,9 @@ def _verdict(name: str, ratio: float | None, target: float) -> str:
 def reread(path: str, slo_ms: float, out: str) -> dict:
     """A finished (`sweep.json`) or stopped (`sweep.partial.json`) sweep with every cell's
     SLO numbers recomputed from its requests at `slo_ms`, written to `out` (never over `path`)."""
-    if not os.path.isfile(path):
-        raise RcllmError(f"--report {path!r}: no such file (a sweep.json or sweep.partial.json)")
-    with open(path, encoding="utf-8") as fh:
-        try:
-            report = json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise RcllmError(f"--report {path!r} is not JSON: {exc}") from None
+    report = read_json_file(
+        path, f"--report {path!r}: no such file (a sweep.json or sweep.partial.json)",
+        f"--report {path!r}")
     if report.get("name", "bench.serve.sweep") != "bench.serve.sweep" or not report.get("cells"):
         raise RcllmError(f"--report {path!r} is not a sweep with cells (bench serve --sweep)")
     target = os.path.join(out, "sweep.json")

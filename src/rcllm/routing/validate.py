@@ -31,13 +31,11 @@ scales its cells the same way). Repeated runs are merged on the scaled times.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import numpy as np
 
-from ..errors import RcllmError
+from ..errors import RcllmError, read_json_file
 from .fit import fit_cpu_profile, predict_ms
 
 REQUIRED = ("method", "context_tokens", "recomputed_tokens", "ttft_ms")
@@ -46,13 +44,7 @@ TARGET_MEDIAN_REL_ERR = 0.10
 
 def load_bench_requests(path: str) -> list[dict[str, Any]]:
     """The per-request records of a bench JSON; RcllmError names what is missing."""
-    if not os.path.exists(path):
-        raise RcllmError(f"bench JSON not found: {path}")
-    with open(path, encoding="utf-8") as fh:
-        try:
-            data = json.load(fh)
-        except json.JSONDecodeError as exc:
-            raise RcllmError(f"{path} is not JSON: {exc}") from None
+    data = read_json_file(path, f"bench JSON not found: {path}", path)
     reqs = data.get("requests") or (data.get("summary") or {}).get("requests")
     if not reqs:
         reqs = [r for row in data.get("rows", []) for r in row.get("requests", [])]
