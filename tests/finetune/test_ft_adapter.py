@@ -124,6 +124,32 @@ def test_eval_adopts_the_trained_item_tail(tiny_ft_config, fav_dataset, tmp_path
         eval_settings(other, folder)
 
 
+def test_an_overlap_fast_path_is_served_with_its_selection_and_ratio(tmp_path):
+    """A manifest whose fast path is rcllm's overlap selection at r: eval, rank and serve run
+    rcllm with rcllm_select=overlap at r (an explicit ratio or selection wins)."""
+    from rcllm.config import PROMPT_VERSION
+    from rcllm.finetune.adapter import record_fast_path, trained_method
+    from rcllm.finetune.config import default_prompt
+    from rcllm.model.adapter_file import FORMAT
+
+    folder = tmp_path / "a"
+    folder.mkdir()
+    manifest = {"format": FORMAT, "prompt_version": PROMPT_VERSION,
+                "prompt": dataclasses.asdict(default_prompt()), "split": {
+        "fractions": [0.8, 0.1, 0.1], "seed": 0}, "fast_path": {
+        "method": "naive", "item_tail": 1, "user_side": "exact"}}
+    (folder / "adapter.json").write_text(json.dumps(manifest))
+    record_fast_path(folder, {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": 0.15,
+                              "history_ratio": 0.15, "item_tail": 1, "user_side": "exact"})
+    assert trained_method(folder) == "rcllm"
+    got = eval_settings(RcllmConfig(), folder)[0].reuse
+    assert (got.rcllm_select, got.item_ratio, got.history_ratio, got.item_tail) == (
+        "overlap", 0.15, 0.15, 1)
+    mine = dataclasses.replace(RcllmConfig(), reuse=dataclasses.replace(
+        RcllmConfig().reuse, item_ratio=0.5))
+    assert eval_settings(mine, folder)[0].reuse.item_ratio == 0.5
+
+
 def test_eval_scorer_follows_the_objective(adapter, tiny_ft_config, fav_dataset, tmp_path):
     _, folder = adapter
     assert trained_scorer(folder) == "pointwise"

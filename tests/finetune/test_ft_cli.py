@@ -36,8 +36,9 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     manifest = json.loads((folders[0] / "adapter.json").read_text())
     fast = manifest["fast_path"]
     assert manifest["trained_fast_path"]["method"] == "naive"
-    assert fast["method"] in ("naive", "late") and "fast paths on" not in out
-    assert set(fast["validation"]["ndcg10"]) == {"full", "naive", "late@2", "late@1"}
+    assert fast["method"] in ("naive", "late", "rcllm") and "fast paths on" not in out
+    assert set(fast["validation"]["ndcg10"]) == {"full", "naive", "late@2", "late@1",
+                                                 "overlap@0.15", "overlap@0.3"}
     assert "the adapter serves" in out
     # 3 steps an epoch: validation four times an epoch is every step
     assert [r["step"] for r in curves["validation"]] == [0, 1, 2, 3]

@@ -119,7 +119,8 @@ def test_choose_fast_path_takes_the_fastest_within_the_tolerance():
     good, bad = np.array([3.0, 0, 0, 0]), np.array([0, 3.0, 0, 0])   # target at index 0
 
     class Fake:
-        tail, depths = 1, (25, 20, 10)
+        tail, depths, ratios = 1, (25, 20, 10), (0.15, 0.3)
+        model = NS(arch=NS(num_layers=30))
 
         def __init__(self, ok):
             self.ok = ok
@@ -131,5 +132,12 @@ def test_choose_fast_path_takes_the_fastest_within_the_tolerance():
     got = choose_fast_path(Fake({"full", "late@20", "late@10"}), cases)
     assert (got["method"], got["late_layer"], got["within"]) == ("late", 20, True)
     assert choose_fast_path(Fake({"full", "fast", "late@10"}), cases)["method"] == "naive"
+    # tried by the share of item work computed: overlap@0.15 (0.15) before late@25 (5/30)
+    # and overlap@0.3 before late@20 (10/30)
+    got = choose_fast_path(Fake({"full", "late@25", "overlap@0.15"}), cases)
+    assert got == {**got, "method": "rcllm", "rcllm_select": "overlap", "item_ratio": 0.15,
+                   "history_ratio": 0.15, "within": True}
+    got = choose_fast_path(Fake({"full", "late@20", "overlap@0.3"}), cases)
+    assert (got["method"], got["item_ratio"]) == ("rcllm", 0.3)
     closest = choose_fast_path(Fake({"full"}), cases)
     assert closest["within"] is False and closest["validation"]["ndcg10"]["full"] == 1.0

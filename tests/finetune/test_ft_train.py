@@ -295,3 +295,50 @@ def test_distill_teacher_is_the_init_adapters_full_path_and_the_kl_goes_down(
         tiny_ft_config(distill=0.5, path="reuse")
     with pytest.raises(RcllmError, match="0..1"):
         tiny_ft_config(distill=2.0, path="reuse", init=init)
+
+
+@pytest.mark.parametrize("tail", [0, 1])
+def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav_dataset,
+                                                             tmp_path, tail):
+    """train.reuse_select=overlap trains on what the engine's rcllm method with
+    rcllm_select=overlap serves at that ratio (user side exact): the trainer's reuse path, its
+    joint pass, and the diagnostics' overlap@r all give the engine's scores — and they differ
+    from naive reuse (the selection computes tokens) and from full."""
+    from rcllm.config import RcllmConfig, ReuseConfig
+    from rcllm.engine import Engine
+    from rcllm.finetune.diagnose import Diagnoser
+
+    cfg = tiny_ft_config(candidates=3, reuse_tail=tail, steps=3, lr=5e-2,
+                         reuse_select="overlap", reuse_ratio=0.5)
+    t = _trainer(cfg, fav_dataset, tmp_path / "o")
+    assert t.fast_path() == {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": 0.5,
+                             "history_ratio": 0.5, "item_tail": tail, "user_side": "exact"}
+    t.run(progress=False)
+    tuned = load_model(dataclasses.replace(cfg.model, adapter=str(tmp_path / "o")))
+    draw = t.stream.draw(0)
+    eng = Engine(tuned, fav_dataset.items,
+                 RcllmConfig(prompt=cfg.prompt, reuse=ReuseConfig(
+                     prefix_insert=False, item_tail=tail, rcllm_select="overlap",
+                     user_side="exact")), scorer="pointwise")
+    eng.build_items(draw.candidates)
+    req = _request(t)
+    served = eng.rank(req, "rcllm", user_prefix=False, item_ratio=0.5, history_ratio=0.5)
+    naive = eng.rank(req, "naive", user_prefix=False)
+    full = eng.rank(req, "full", user_prefix=False)
+    want = torch.tensor([served.scores[c] for c in draw.candidates])
+    ex = draw.example
+    patch = LoraPatch(t.model, Lora(cfg.lora, read_adapter(tmp_path / "o")[0]), t._base)
+    patch.install()
+    with torch.no_grad():
+        joint = t.scores(ex.user_id, ex.history, draw.candidates, ("full", "reuse")).scores
+        alone = t.scores(ex.user_id, ex.history, draw.candidates, ("reuse",)).scores["reuse"]
+    patch.restore()
+    torch.testing.assert_close(joint["reuse"], want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(alone, want, rtol=1e-4, atol=1e-4)
+    case = type("Case", (), {"user_id": ex.user_id, "history": ex.history,
+                             "candidates": tuple(draw.candidates)})()
+    diag = Diagnoser(tuned.model, t.scorer.pw, tail, ratios=(0.5,))
+    got = diag.score_case(case, None, only=["overlap@0.5"])["overlap@0.5"]
+    torch.testing.assert_close(torch.tensor(got), want.float(), rtol=1e-4, atol=1e-4)
+    for other in (naive, full):
+        assert max(abs(served.scores[c] - other.scores[c]) for c in draw.candidates) > 1e-4

@@ -25,8 +25,11 @@ def register(top, bench) -> None:
     add_candidate_source_option(p)
     p.add_argument("--methods", default="full,prefix,naive,cacheblend,epic,rcllm",
                    help="comma-separated methods (full is always included)")
-    p.add_argument("--item-ratio", type=float, default=0.3, help="item recompute ratio")
-    p.add_argument("--history-ratio", type=float, default=0.3, help="history recompute ratio")
+    p.add_argument("--item-ratio", type=float,
+                   help="item recompute ratio (default: reuse.item_ratio, 0.3, or the one the "
+                        "adapter's fast path was validated at)")
+    p.add_argument("--history-ratio", type=float,
+                   help="history recompute ratio (default: reuse.history_ratio, likewise)")
     p.add_argument("--grid", metavar="R1,R2,..",
                    help="also run rcllm at every (item, history) pair of these ratios and plot a "
                         "budget heat map")
@@ -66,7 +69,9 @@ def run(args) -> int:
     if args.permutations < 1:  # checked before anything loads
         raise RcllmError("--permutations must be >= 1")
     cfg, part, adapter = _settings(args)
-    variants = parse_methods(args.methods, args.item_ratio, args.history_ratio)
+    variants = parse_methods(
+        args.methods, cfg.reuse.item_ratio if args.item_ratio is None else args.item_ratio,
+        cfg.reuse.history_ratio if args.history_ratio is None else args.history_ratio)
     grid = [float(x) for x in args.grid.split(",")] if args.grid else []
     variants += [Variant("rcllm", i, h) for i in grid for h in grid
                  if Variant("rcllm", i, h) not in variants]

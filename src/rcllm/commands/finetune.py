@@ -194,7 +194,8 @@ def _choose_fast_path(cfg, folder: Path, ds, val_users) -> None:
     import dataclasses
 
     from ..finetune.adapter import read_manifest, record_fast_path
-    from ..finetune.diagnose import CHOICE_DEPTHS, Diagnoser, choose_fast_path
+    from ..finetune.diagnose import (CHOICE_DEPTHS, CHOICE_RATIOS, Diagnoser,
+                                     choose_fast_path, path_name)
     from ..finetune.validate import validation_cases
     from ..model.loading import load_model
     from ..prompt.builder import PromptBuilder
@@ -213,11 +214,13 @@ def _choose_fast_path(cfg, folder: Path, ds, val_users) -> None:
                             loaded.model.arch.max_positions, "verbalizer")
     pw = PointwisePrompt(builder, loaded.model.arch.max_positions)
     depths = tuple(s for s in CHOICE_DEPTHS if 0 < s < L) or tuple(range(L - 1, 0, -1))[:3]
-    chosen = choose_fast_path(Diagnoser(loaded.model, pw, int(fast["item_tail"]), depths),
-                              cases, progress=True)
+    ratios = sorted({*CHOICE_RATIOS, *([float(fast["item_ratio"])]
+                                       if fast.get("rcllm_select") == "overlap" else [])})
+    chosen = choose_fast_path(Diagnoser(loaded.model, pw, int(fast["item_tail"]), depths,
+                                        ratios), cases, progress=True)
     record_fast_path(folder, chosen)
     v = chosen["validation"]["ndcg10"]
-    name = "naive" if chosen["method"] == "naive" else f"late@{chosen['late_layer']}"
+    name = path_name(chosen)
     print(f"fast path on {len(cases)} validation users (NDCG@10): "
           + ", ".join(f"{k} {x:.3f}" for k, x in v.items())
           + f"; the adapter serves {name}"

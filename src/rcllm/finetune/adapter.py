@@ -117,6 +117,17 @@ def eval_settings(cfg, path: str | Path):
             # explicit --set reuse.late_layer other than the default wins)
             cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
                 cfg.reuse, late_layer=int(fast["late_layer"])))
+        if fast.get("method") == "rcllm" and cfg.reuse.rcllm_select == ReuseConfig().rcllm_select:
+            # validated as rcllm with a selection at its budget: served with them (an explicit
+            # --set reuse.rcllm_select wins, and with it the command's ratios)
+            base = ReuseConfig()
+            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
+                cfg.reuse, rcllm_select=fast.get("rcllm_select", base.rcllm_select),
+                item_ratio=(float(fast.get("item_ratio", base.item_ratio))
+                            if cfg.reuse.item_ratio == base.item_ratio else cfg.reuse.item_ratio),
+                history_ratio=(float(fast.get("history_ratio", base.history_ratio))
+                               if cfg.reuse.history_ratio == base.history_ratio
+                               else cfg.reuse.history_ratio)))
         if fast.get("user_side") == "exact" and cfg.reuse.user_side == "reuse":
             # trained with the user side exact: the user-prefix cache serves it exactly (built
             # behind the answer of a miss, which itself is served from reused history chunks)
@@ -137,7 +148,8 @@ def trained_scorer(path: str | Path) -> str:
 def trained_method(path: str | Path) -> str:
     """The reuse method that matches the adapter at `path`: the fast path its manifest names
     (naive: item KV reused as is, its item tail computed; late: item tokens computed against
-    the user from `late_layer` up — what `rcllm finetune` validated) when it has one; otherwise
+    the user from `late_layer` up; rcllm: its selection's share of the item tokens computed —
+    what `rcllm finetune` validated) when it has one; otherwise
     "rcllm" (a budget of reused tokens recomputed)."""
     fast = fast_path(read_manifest(path))
     return fast["method"] if fast else "rcllm"

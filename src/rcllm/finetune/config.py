@@ -62,6 +62,15 @@ class TrainConfig:
     reuse_tail: int = opt(1, "joint/reuse: the last k tokens of each item chunk are computed in "
                              "the prompt (they see the user side, as reuse.item_tail=k does at "
                              "inference) instead of taken from the chunk's isolated pass")
+    reuse_select: str = opt("naive", "joint/reuse: which reused item tokens the reuse path "
+                                     "computes in the prompt besides the tail. naive: none "
+                                     "(the engine's naive method); overlap: the engine's rcllm "
+                                     "method with reuse.rcllm_select=overlap at "
+                                     "train.reuse_ratio (item tokens in runs of >= 3 tokens "
+                                     "shared with the history first), so the adapter learns "
+                                     "to use the tokens serving recomputes")
+    reuse_ratio: float = opt(0.15, "reuse_select=overlap: the share of each prompt's reused "
+                                   "item tokens recomputed (reuse.item_ratio)")
     match: float = opt(1.0, "joint: weight of KL(full's candidate distribution, no gradient || "
                             "the reuse path's): a dense target that asks the fast path to rank "
                             "as the full path does")
@@ -137,6 +146,9 @@ class TrainConfig:
                              f"not {self.objective!r}")
         if self.objective != "pointwise" and self.path != "full":
             raise RcllmError("train.objective=listwise needs train.path=full")
+        if self.reuse_select not in ("naive", "overlap") or not 0 < self.reuse_ratio <= 1:
+            raise RcllmError(f"train.reuse_select must be 'naive' or 'overlap' (got "
+                             f"{self.reuse_select!r}) and train.reuse_ratio within (0, 1]")
         if self.reuse_tail < 0 or self.match < 0 or self.hidden_match < 0:
             raise RcllmError("train.reuse_tail, train.match and train.hidden_match must be >= 0")
         if not 0.0 <= self.distill <= 1.0:
@@ -187,13 +199,16 @@ class FinetuneConfig:
             tree["train"].pop(name)  # max_examples: run_key adds the count when the cap binds
         t = tree["train"]
         if self.train.path == "full":  # options of the other paths change nothing
-            for name in ("reuse_tail", "match", "hidden_match"):
+            for name in ("reuse_tail", "match", "hidden_match", "reuse_select", "reuse_ratio"):
                 t.pop(name)
         elif self.train.path == "reuse":
             for name in ("match", "hidden_match"):
                 t.pop(name)
         if not self.train.distill:
             t.pop("distill")
+        if t.get("reuse_select") == "naive":  # keys of runs from before the option hold
+            t.pop("reuse_select")
+            t.pop("reuse_ratio")
         if self.train.init:  # the starting factors by content, not by where they lie
             from .adapter import read_manifest
 

@@ -12,6 +12,9 @@ item chunk + "? Answer:"), differing only in where each item chunk's KV comes fr
   fast with no tail.
 - foreign: the chunk's KV (but its tail) built in the full prompt of another user, so the item
   states saw *a* user, not this one; the tail and the answer tokens read the real user.
+- overlap@r: fast, plus the share r of the reused item tokens that rcllm's `overlap` selection
+  picks computed in the prompt (`paths.overlap_policy`): the engine's rcllm method with
+  `rcllm_select=overlap` at r, the user side exact.
 - short: the full path with each item chunk cut to its name (`prompt.builder.item_tag`, at
   most `SHORT_TOKENS` tokens): a short candidate computed at full depth.
 - full_user_swapped / fast_user_swapped: the request scored with another user's history.
@@ -32,9 +35,9 @@ import torch
 
 from ..eval import metrics as M
 from ..prefill.selective import Frozen, prefill
-from ..prompt.builder import RankRequest, item_brand, item_tag
+from ..prompt.builder import KINDS, RankRequest, item_brand, item_tag
 from ..prefill.scoring import yes_no_score
-from .paths import PathScorer
+from .paths import PathScorer, marks, overlap_policy
 
 SHORT_TOKENS = 6
 PARTS = ("same_item", "same_brand", "neither")
@@ -72,13 +75,14 @@ def case_part(case, catalog) -> str:
 class Diagnoser(PathScorer):
     """Scores one case on every diagnostic path (module docstring); no gradients."""
 
-    def __init__(self, model, pw, tail: int, depths: Sequence[int] = ()):
+    def __init__(self, model, pw, tail: int, depths: Sequence[int] = (),
+                 ratios: Sequence[float] = ()):
         super().__init__(model, pw, tail)
-        self.depths = tuple(depths)
+        self.depths, self.ratios = tuple(depths), tuple(ratios)
 
     def paths(self) -> list[str]:
         return (["full", "fast"] + [f"late@{s}" for s in self.depths]
-                + ["foreign", "short", "full_user_swapped", "fast_user_swapped"])
+                + [f"overlap@{r:g}" for r in self.ratios] + ["foreign", "short", "full_user_swapped", "fast_user_swapped"])
 
     @torch.inference_mode()
     def score_case(self, case, other, only: Sequence[str] | None = None
@@ -105,6 +109,7 @@ class Diagnoser(PathScorer):
             given = [self._given(iso, c, len(ch), join=s if s < L else None)
                      for c, ch in enumerate(chunks)]
             out[f"late@{s}"] = self._run(shared, chunks, tail, given)
+        out.update(self._overlaps(case, chunks, tail, shared, fast, set(self.paths())))
         foreign_kv: list = []
         out["full_user_swapped"] = self._run(other_shared, chunks, tail, [None] * len(chunks),
                                              keep=foreign_kv)
@@ -129,15 +134,33 @@ class Diagnoser(PathScorer):
         out = {}
         if "full" in only:
             out["full"] = self._run(shared, chunks, tail, [None] * len(chunks))
+        fast = [self._given(iso, c, len(ch) - min(self.tail, len(ch)))
+                for c, ch in enumerate(chunks)]
         if "fast" in only:
-            out["fast"] = self._run(shared, chunks, tail, [
-                self._given(iso, c, len(ch) - min(self.tail, len(ch)))
-                for c, ch in enumerate(chunks)])
+            out["fast"] = self._run(shared, chunks, tail, fast)
+        out.update(self._overlaps(case, chunks, tail, shared, fast, only))
         for s in self.depths:
             if f"late@{s}" in only:
                 out[f"late@{s}"] = self._run(shared, chunks, tail, [
                     self._given(iso, c, len(ch), join=s if 0 < s < L else None)
                     if s > 0 else None for c, ch in enumerate(chunks)])
+        return out
+
+    def _overlaps(self, case, chunks, tail, shared, fast, only) -> dict[str, np.ndarray]:
+        """overlap@r for each of `self.ratios` named in `only`: the fast path's given KV, and
+        the tokens the selection picks computed."""
+        out = {}
+        prompt = self.pw.prompt(RankRequest(case.user_id, case.history, tuple(case.candidates[:1])))
+        kind, offset = marks(prompt.segments)
+        tail_kind = KINDS.index(prompt.blocks[0][1].kind)
+        for ch in chunks:
+            kind += [KINDS.index("item")] * len(ch) + [tail_kind] * len(tail)
+            offset += list(range(len(ch))) + [0] * len(tail)
+        for r in self.ratios:
+            if f"overlap@{r:g}" in only:
+                out[f"overlap@{r:g}"] = self._run(shared, chunks, tail, fast,
+                                                   policy=overlap_policy(r),
+                                                   slot_marks=(kind, offset))
         return out
 
     def _shared(self, user_id, history, cands) -> list[int]:
@@ -173,14 +196,16 @@ class Diagnoser(PathScorer):
         return Given([k[:, a:a + n] for k in inp.k_buf], [v[:, a:a + n] for v in inp.v_buf],
                      join, h)
 
-    def _run(self, shared, chunks, tail, given, keep: list | None = None) -> np.ndarray:
+    def _run(self, shared, chunks, tail, given, keep: list | None = None, policy=None,
+             slot_marks=None) -> np.ndarray:
         """Scores of the blocks (chunk + tail) after `shared`, each chunk's first tokens'
-        KV as `given` says; `keep` receives each chunk's final KV per layer."""
+        KV as `given` says; `keep` receives each chunk's final KV per layer. `policy`: the
+        selection of given tokens computed anyway (it reads `slot_marks`, kind and offset)."""
         ids, ranges = list(shared), []
         for ch in chunks:
             ranges.append((len(ids), len(ids) + len(ch) + len(tail)))
             ids += ch + tail
-        inp = self._inputs(ids, ranges)
+        inp = self._inputs(ids, ranges, slot_marks)
         joins: dict[int, list] = {}
         for (a, _), g in zip(ranges, given):
             if g is None:
@@ -194,7 +219,7 @@ class Diagnoser(PathScorer):
                 joins.setdefault(g.join, []).append((torch.arange(a, a + n), g.h))
         frozen = [Frozen(s, torch.cat([i for i, _ in js]).to(self.model.device),
                          torch.cat([h for _, h in js])) for s, js in sorted(joins.items())]
-        res = prefill(self.model, inp, self._naive, join=frozen)
+        res = prefill(self.model, inp, policy or self._naive, join=frozen)
         if keep is not None:
             for (a, _), ch in zip(ranges, chunks):
                 keep.append(([k[:, a:a + len(ch)].clone() for k in inp.k_buf],
@@ -251,18 +276,51 @@ def table(found: dict) -> list[dict]:
     return rows
 
 
-CHOICE_DEPTHS = (28, 25, 20, 15, 10, 5)  # late@s tried after naive, fastest (largest s) first
+CHOICE_DEPTHS = (28, 25, 20, 15, 10, 5)  # late@s tried
+CHOICE_RATIOS = (0.15, 0.3)               # overlap@r tried
+
+
+def computed_share(path: str, layers: int) -> float:
+    """The share of the item tokens' layer work a fast path computes in the prompt: the
+    order `choose_fast_path` tries them in (fastest first)."""
+    if path.startswith("late@"):
+        return (layers - int(path.split("@")[1])) / layers
+    if path.startswith("overlap@"):
+        return float(path.split("@")[1])
+    return 0.0
+
+
+def path_setting(path: str) -> dict:
+    """The reuse settings of a diagnostic fast path's name (the manifest's `fast_path`)."""
+    if path.startswith("late@"):
+        return {"method": "late", "late_layer": int(path.split("@")[1])}
+    if path.startswith("overlap@"):
+        r = float(path.split("@")[1])
+        return {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": r,
+                "history_ratio": r}
+    return {"method": "naive"}
+
+
+def path_name(setting: dict) -> str:
+    """The diagnostic name of a `fast_path` setting (naive, late@s, overlap@r)."""
+    if setting["method"] == "late":
+        return f"late@{setting['late_layer']}"
+    if setting["method"] == "rcllm":
+        return f"{setting.get('rcllm_select', 'blend')}@{float(setting['item_ratio']):g}"
+    return setting["method"]
 
 
 def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
                      progress: bool = False) -> dict:
     """The fastest fast path whose mean NDCG@10 over `cases` (validation users) is within
-    `tolerance` of the full path's: naive with the scorer's item tail, then late@s for
-    `scorer.depths` from the largest s down (fewer layers computed is faster); when none is
-    within it, the closest, marked `"within": false`. The manifest's `fast_path`."""
+    `tolerance` of the full path's: naive with the scorer's item tail, late@s for
+    `scorer.depths` and overlap@r for `scorer.ratios`, tried in the order of the item work
+    they compute (`computed_share`); when none is within it, the closest, marked
+    `"within": false`. The manifest's `fast_path`."""
     from tqdm import tqdm
 
-    names = ["full", "fast"] + [f"late@{s}" for s in scorer.depths]
+    names = (["full", "fast"] + [f"late@{s}" for s in scorer.depths]
+             + [f"overlap@{r:g}" for r in scorer.ratios])
     nd = {p: [] for p in names}
     for case in tqdm(cases, desc="fast paths", unit="user", disable=not progress):
         got = scorer.score_case(case, None, only=names)
@@ -270,12 +328,11 @@ def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
         for p, sc in got.items():
             nd[p].append(M.ndcg(sc, t, 10))
     mean = {p: float(np.mean(v)) for p, v in nd.items()}
-    order = names[1:]
+    L = scorer.model.arch.num_layers
+    order = sorted(names[1:], key=lambda p: computed_share(p, L))
     within = [p for p in order if mean[p] >= mean["full"] - tolerance]
     pick = within[0] if within else max(order, key=lambda p: mean[p])
-    path = ({"method": "naive"} if pick == "fast"
-            else {"method": "late", "late_layer": int(pick.split("@")[1])})
-    return {**path, "item_tail": scorer.tail, "user_side": "exact", "within": bool(within),
+    return {**path_setting(pick), "item_tail": scorer.tail, "user_side": "exact", "within": bool(within),
             "validation": {"users": len(cases), "tolerance": tolerance,
                            "ndcg10": {("naive" if p == "fast" else p): round(v, 4)
                                       for p, v in mean.items()}}}

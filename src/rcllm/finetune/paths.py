@@ -6,7 +6,9 @@
   (instruction + block head) and itself — what the chunk store holds — except its last `tail`
   tokens, which are computed in the prompt, seeing the user side (`reuse.item_tail`); the rest of
   the prompt is computed over that KV: what the engine's naive reuse with that item tail and the
-  user side exact serves.
+  user side exact serves. With a selection (`select`, e.g. `overlap_policy(0.15)`: rcllm's
+  `rcllm_select=overlap`) the tokens it picks among the reused ones are computed in the prompt
+  too, as the engine's rcllm method with that selection and the user side exact does.
 
 Both go through the engine's own selective prefill (`prefill(..., grad=True)`) and read the
 score with `prefill.scoring.yes_no_score`. When both paths are asked for, one pass holds the
@@ -25,13 +27,33 @@ import torch
 
 from ..config import ReuseConfig
 from ..prefill.scoring import yes_no_score
-from ..prefill.selection import SelectionPolicy
+from ..prefill.selection import SelectionPolicy, selection_policy
 from ..prefill.layout import Layout
 from ..prefill.selective import Frozen, PrefillInputs, prefill
-from ..prompt.builder import RankRequest
+from ..prompt.builder import KINDS, RankRequest
 from ..records import HistoryEntry, ItemId, UserId
 
 PATHS = ("full", "reuse")
+
+
+def overlap_policy(ratio: float) -> SelectionPolicy:
+    """The engine's rcllm selection `rcllm_select=overlap` at `ratio` of the reused item (and
+    history) tokens, the other options at their defaults (what `rcllm eval --methods rcllm
+    --item-ratio R --history-ratio R --set reuse.rcllm_select=overlap` serves)."""
+    return selection_policy(ReuseConfig(method="rcllm", rcllm_select="overlap",
+                                        item_ratio=ratio, history_ratio=ratio))
+
+
+def marks(segments) -> tuple[list[int], list[int]]:
+    """Each slot's kind (index in KINDS) and offset in its chunk (0 outside chunks), as the
+    engine's prefill inputs carry them (selections read them)."""
+    kind: list[int] = []
+    offset: list[int] = []
+    for seg in segments:
+        n = len(seg.token_ids)
+        kind += [KINDS.index(seg.kind)] * n
+        offset += list(range(n)) if seg.is_chunk else [0] * n
+    return kind, offset
 
 
 @dataclass
@@ -73,9 +95,12 @@ class PathScorer:
     records them (up to `cache_bytes`) and later scorings of the same prompt (the next epoch, the
     next validation) run only the layers from there on. Exact: the scores are the same."""
 
-    def __init__(self, model, pw, tail: int, frozen_layer: int = 0, cache_bytes: int = 0):
+    def __init__(self, model, pw, tail: int, frozen_layer: int = 0, cache_bytes: int = 0,
+                 select: SelectionPolicy | None = None):
         self.model, self.pw, self.tail = model, pw, tail
         self._naive = SelectionPolicy(ReuseConfig(method="naive"))  # compute what is not given
+        # the prompt pass's selection: which reused tokens it computes besides the fresh ones
+        self.select = select if select is not None else self._naive
         self.cache = (FrozenCache(frozen_layer, cache_bytes)
                       if frozen_layer > 0 and cache_bytes > 0 else None)
 
@@ -93,22 +118,25 @@ class PathScorer:
         # (item chunk, block ending) of each block: PointwisePrompt's block layout
         blocks = [(list(item.token_ids), list(tail.token_ids)) for item, tail in prompt.blocks]
         ids, ranges, reused = list(prompt.token_ids), [], []  # reused: (slot range, chunk index)
+        kind, offset = marks(prompt.segments)
         for path in paths:
             for c, (chunk, tail) in enumerate(blocks):
                 s = len(ids)
                 ids += chunk + tail
+                k, o = marks(prompt.blocks[c])
+                kind, offset = kind + k, offset + o
                 ranges.append((s, len(ids)))
                 keep = len(chunk) - min(self.tail, len(chunk))
                 if path == "reuse" and keep:
                     reused.append(((s, s + keep), c))
-        inp = self._inputs(ids, ranges)
+        inp = self._inputs(ids, ranges, (kind, offset))
         key = (user_id, history, candidates, paths)
         got = self.cache.get(key) if self.cache is not None else None
         main, chunk = got if got is not None else (None, None)
         capture = self.cache.layer if self.cache is not None and got is None else None
         if reused:
             chunk = self._fill_from_chunks(inp, blocks, reused, chunk, capture)
-        res = prefill(self.model, inp, self._naive, grad=True, start=main, capture=capture)
+        res = prefill(self.model, inp, self.select, grad=True, start=main, capture=capture)
         if capture is not None:
             self.cache.put(key, res.frozen, chunk)
         h = self.model.final_hidden(res.hidden_out)              # [P·C, d]
@@ -139,8 +167,9 @@ class PathScorer:
             inp.have_kv[s:e] = True
         return res.frozen if capture is not None else start
 
-    def _inputs(self, ids: list[int], blocks) -> PrefillInputs:
-        """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe)."""
+    def _inputs(self, ids: list[int], blocks, slot_marks=None) -> PrefillInputs:
+        """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe);
+        `slot_marks`: (kind, offset) per slot (`marks`), zeros when not given."""
         m = self.model
         a, dev, n = m.arch, m.device, len(ids)
 
@@ -148,8 +177,9 @@ class PathScorer:
             return [torch.zeros(a.num_kv_heads, n, a.head_dim, dtype=m.dtype, device=dev)
                     for _ in range(a.num_layers)]
 
+        kind, offset = slot_marks if slot_marks is not None else ([0] * n, [0] * n)
         none = torch.zeros(n, dtype=torch.bool, device=dev)
         return PrefillInputs(torch.tensor(ids, device=dev), bufs(), bufs(), none.clone(),
-                             none.clone(), torch.zeros(n, dtype=torch.int8, device=dev),
-                             torch.zeros(n, dtype=torch.long, device=dev),
+                             none.clone(), torch.tensor(kind, dtype=torch.int8, device=dev),
+                             torch.tensor(offset, dtype=torch.long, device=dev),
                              layout=Layout(n, blocks, dev))

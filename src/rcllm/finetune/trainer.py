@@ -57,7 +57,7 @@ from .data import Draw, dataset_digest, training_stream
 from .lora import Lora, LoraPatch, base_weights
 from .optim import AdamW, clip_grad_norm, lr_at
 from .overfit import overfit as run_overfit
-from .paths import PathScorer, PathScores
+from .paths import PathScorer, PathScores, overlap_policy
 from .state import CHECKPOINT, TrainState, load_checkpoint, save_best, save_checkpoint
 from .validate import validate, validation_cases
 
@@ -107,8 +107,9 @@ class Trainer:
             from ..prompt.pointwise import PointwisePrompt
 
             pw = PointwisePrompt(self.builder, self.model.arch.max_positions)
+            select = overlap_policy(t.reuse_ratio) if t.reuse_select == "overlap" else None
             self.scorer = PathScorer(self.model, pw, t.reuse_tail, cfg.lora.first_layer,
-                                     int(t.frozen_cache_gb * 2**30))
+                                     int(t.frozen_cache_gb * 2**30), select)
 
     @property
     def total_steps(self) -> int:
@@ -321,6 +322,10 @@ class Trainer:
         t = self.cfg.train
         if t.path == "full":
             return None
+        if t.reuse_select == "overlap":
+            return {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": t.reuse_ratio,
+                    "history_ratio": t.reuse_ratio, "item_tail": t.reuse_tail,
+                    "user_side": "exact"}
         return {"method": "naive", "item_tail": t.reuse_tail, "user_side": "exact"}
 
     def _finish(self) -> Path:
