@@ -8,7 +8,10 @@ view and never mutates it. The same objects drive the simulator and a real route
 - hit-only (most-hits): the most local item tokens; piles requests onto hot nodes.
 - affinity (RcLLM): maximise hit_rate^w_hit · idleness^w_idle with idleness =
   1 / (1 + outstanding / this request's service at its best-hit instance). w_idle = 0 is
-  hit-only, w_hit = 0 is load-only; the default w_idle = 4 comes from a sweep (simulator.md).
+  hit-only, w_hit = 0 is load-only; w_idle = None derives it per decision from the cost model
+  (`balance.py`: the misses' recompute time against the queue wait, right for any instance
+  count; the served router's default); the fixed default 4 comes from a sweep of 40 simulated
+  instances (simulator.md).
 - cost: the lowest TTFT estimated by the cost model (queue wait + service on that instance).
 Score ties go to the lower outstanding work, then the lower index; load-only rotates ties.
 """
@@ -20,6 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import RcllmError
+from .balance import HIT_FLOOR, decision_weight
 from .cost import CostModel
 from .views import ClusterView, RoutingRequest
 
@@ -88,21 +92,29 @@ class Affinity:
 
     name = "affinity"
 
-    def __init__(self, cost: CostModel, w_hit: float = 1.0, w_idle: float = 4.0) -> None:
-        if w_hit < 0 or w_idle < 0:
+    def __init__(self, cost: CostModel, w_hit: float = 1.0,
+                 w_idle: float | None = 4.0) -> None:
+        if w_hit < 0 or (w_idle is not None and w_idle < 0):
             raise RcllmError("affinity weights must be >= 0")
         self.cost = cost
         self.w_hit = w_hit
-        self.w_idle = w_idle
+        self.w_idle = w_idle          # None: derived per decision (balance.decision_weight)
 
     def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
         total = max(float(request.shape.item_tokens), 1.0)
         local = cluster.locality.local_tokens(request.items, request.item_tokens)
+        w_idle = self.w_idle
+        if w_idle is None:
+            w_idle = decision_weight(self.cost, request.shape, local, cluster.outstanding_ms,
+                                     self.w_hit)
+            if not np.isfinite(w_idle):       # the misses cost nothing: load decides
+                return int(np.argmin(cluster.outstanding_ms))
         hit_rate = local / total
         # idleness in units of this request's own service time at its best instance
         ref_ms = float(self.cost.service_ms(self.cost.work(request.shape, local.max())))
         idleness = 1.0 / (1.0 + cluster.outstanding_ms / ref_ms)
-        score = (hit_rate + 1e-3) ** self.w_hit * idleness ** self.w_idle
+        # the log of hit^w_hit · idleness^w_idle: a large derived weight cannot underflow
+        score = self.w_hit * np.log(hit_rate + HIT_FLOOR) + w_idle * np.log(idleness)
         return _argmax_then_least_loaded(score, cluster)
 
 
@@ -121,8 +133,9 @@ class CostBased:
 
 
 def routing_policy(name: str, cost: CostModel, w_hit: float = 1.0,
-                w_idle: float = 4.0) -> RoutingPolicy:
-    """A fresh policy object by name (one of POLICIES)."""
+                   w_idle: float | None = 4.0) -> RoutingPolicy:
+    """A fresh policy object by name (one of POLICIES); `w_idle` None: affinity's idleness
+    weight derived from the cost model at each decision (balance.py)."""
     if name == "round-robin":
         return RoundRobin()
     if name == "load-only":

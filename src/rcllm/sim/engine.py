@@ -34,7 +34,7 @@ class SimConfig:
     method: MethodConfig = MethodConfig()
     policy: str = "auto"
     w_hit: float = 1.0
-    w_idle: float = 4.0   # chosen by the sweep in docs/simulator.md
+    w_idle: float | None = 4.0   # chosen by the sweep in docs/simulator.md; None: derived
     history_hit_rate: float = 0.93   # share of reviews with a near-1 prototype match
     seed: int = 0
 
