@@ -96,6 +96,36 @@ def _cluster_options(p) -> None:
                         "profile; PATH = a profile saved by --save-profile")
     p.add_argument("--save-profile", metavar="PATH",
                    help="write the profile the router uses to PATH (JSON), for --profile PATH")
+    add_placement_options(p)
+
+
+def add_placement_options(p) -> None:
+    """Where item KV is placed at start and how affinity weighs load (`serve` and the sweep)."""
+    p.add_argument("--placement", choices=("metis", "random"), default="metis",
+                   help="--instances: shard the catalog's tail by METIS over the co-occurrence "
+                        "of the users' histories (default), or at random with METIS's hot "
+                        "items and shard sizes (seeded): the baseline METIS is compared with")
+    p.add_argument("--placement-seed", type=int, default=0,
+                   help="seed of --placement random (default 0)")
+    p.add_argument("--affinity-idle-weight", type=idle_weight_arg, default="derived",
+                   metavar="derived|W",
+                   help="affinity's idleness weight: derived (default) = from the router's "
+                        "cost model at each decision (the misses' recompute time against the "
+                        "queue wait; routing/balance.py), or a fixed number (4: the weight "
+                        "tuned on 40 simulated instances)")
+
+
+def idle_weight_arg(text: str) -> str | float:
+    """'derived' or a weight >= 0 (argparse type)."""
+    if text == "derived":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: use derived or a number >= 0")
+    return value
 
 
 def settings_from(args):
@@ -159,8 +189,12 @@ def make_backend(args):
             from ..serve.calibrate import load_profile
 
             profile = load_profile(profile)     # a bad file is refused before Ray starts
+        weight = getattr(args, "affinity_idle_weight", "derived")
         return RayBackend(spec, args.instances, args.queue_size, args.policy, args.address,
-                          profile=profile, save_profile_to=getattr(args, "save_profile", None))
+                          profile=profile, save_profile_to=getattr(args, "save_profile", None),
+                          placement=getattr(args, "placement", "metis"),
+                          placement_seed=getattr(args, "placement_seed", 0),
+                          w_idle=None if weight == "derived" else float(weight))
     from ..serve.local import LocalBackend
 
     engine, ds = spec.build()

@@ -1,8 +1,12 @@
 """The Ray deployment: K instance actors behind a global router (`RayBackend`).
 
-Placement: item KV is sharded over instances with `catalog.sharding.build_placement` (METIS on
-the co-occurrence of the dataset's user histories, hottest `hot_fraction` replicated); every
-instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
+Placement: item KV is sharded over instances with `sharding.build_placement` (METIS on the
+co-occurrence of the dataset's user histories, hottest `hot_fraction` replicated), or with
+`placement="random"` the same hot items and shard sizes with the tail drawn at random
+(`sharding.shuffled_like`, seeded), so the two compare under one router; each instance builds
+its shard and the hot items at start, least requested first (a store smaller than them keeps
+the hot items and its shard's most requested ones), and the router starts from what each kept.
+Every instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
 instance that holds its KV (through Ray's object store) when the cost model prices fetching
 below recomputing, else recomputed; either way it is cached there after the answer.
 Routing: a `rcllm.routing` policy (affinity by default) over live views of the instances that
@@ -23,9 +27,10 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from typing import Any
 
-from ..sharding.sharding import build_placement
+from ..sharding.sharding import build_placement, shuffled_like
 from ..config import REUSE_METHODS
 from ..errors import RcllmError
 from ..records import Item
@@ -36,6 +41,7 @@ from .views import LiveInstance, UserResidency, cluster_view, live_instances, ro
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
+PLACEMENTS = ("metis", "random")     # how the tail of the catalog is sharded at start
 
 
 def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
@@ -45,29 +51,43 @@ def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
     return fetch_remote and not spec.redis_url
 
 
+def _init_ray(address: str | None, object_store_bytes: int) -> bool:
+    """Starts (or joins, with `address`) Ray unless this process already did; True when this
+    call initialised it (the backend then shuts it down on close)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    local = {} if address else {"num_cpus": os.cpu_count() or 2,
+                                "object_store_memory": object_store_bytes}
+    if not address:
+        # Ray runs its workers at nice 15 by default: the engines would then get ~3% of a
+        # core beside any ordinary process (the router in this process, a client, another
+        # job), and a busy machine starves the answers. The engines are the service, so they
+        # run at this process's priority.
+        local["_system_config"] = {"worker_niceness": 0}
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+    return True
+
+
 class RayBackend:
     def __init__(self, spec: EngineSpec, num_instances: int, queue_size: int,
                  policy: str = "affinity", address: str | None = None,
                  hot_fraction: float = 0.05, object_store_bytes: int = 256 << 20,
                  fetch_remote: bool = True, call_timeout_s: float = 60.0,
                  probe_interval_s: float = 2.0, profile: str | SpeedProfile = "calibrate",
-                 save_profile_to: str | None = None, calibrate_cases: int = 3) -> None:
+                 save_profile_to: str | None = None, calibrate_cases: int = 3,
+                 placement: str = "metis", placement_seed: int = 0,
+                 w_idle: float | None = None) -> None:
         import ray
 
         if num_instances < 1:
             raise RcllmError("--instances must be >= 1")
+        if placement not in PLACEMENTS:
+            raise RcllmError(f"placement must be one of {', '.join(PLACEMENTS)}, not "
+                             f"{placement!r}")
         self._ray = ray
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            local = {} if address else {"num_cpus": os.cpu_count() or 2,
-                                        "object_store_memory": object_store_bytes}
-            if not address:
-                # Ray runs its workers at nice 15 by default: the engines would then get ~3%
-                # of a core beside any ordinary process (the router in this process, a
-                # client, another job), and a busy machine starves the answers. The engines
-                # are the service, so they run at this process's priority.
-                local["_system_config"] = {"worker_niceness": 0}
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
+        self._owns_ray = _init_ray(address, object_store_bytes)
         self.queue_size = queue_size
         actor = ray.remote(num_cpus=0, max_concurrency=queue_size + 2, max_restarts=0)(Instance)
         self.actors = [actor.remote(k, spec) for k in range(num_instances)]
@@ -76,14 +96,14 @@ class RayBackend:
         self.residency = (UserResidency(ttl, history_window=pings[0].get("history_window") or 0)
                           if ttl else None)               # None: no user-prefix cache
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
-        held = self._place(spec, num_instances, hot_fraction)
-        ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
         self.shared_tier = bool(spec.redis_url)
-        if not self.shared_tier:    # a shard larger than the store: only what stayed counts
-            kept = ray.get([a.cached_items.remote() for a in self.actors])
-            held = [sorted(set(h).intersection(k)) for h, k in zip(held, kept)]
+        held = self._warm(self._place(spec, num_instances, hot_fraction, placement,
+                                      placement_seed))
         self.instances = live_instances(held, shared_tier=self.shared_tier)
         self.profile = self._speed_profile(profile, calibrate_cases)
+        # the item KV of the whole catalog, for budgets stated as a share of it
+        self.placement_info["catalog_item_kv_bytes"] = (
+            sum(self.item_tokens.values()) * self.profile.model.kv_bytes_per_token)
         if save_profile_to:
             from .calibrate import save_profile
 
@@ -94,7 +114,8 @@ class RayBackend:
         self.fetch_remote = imports_item_kv(spec, fetch_remote)
         # the method of a request that names none (only the reuse methods import item KV)
         self.default_method = spec.engine_config()[0].reuse.method
-        self.policy = routing_policy(policy, self.cost)
+        self.w_idle = w_idle        # affinity's idleness weight; None: from the cost model
+        self.use_policy(policy)
         self.retries = 0
         self.call_timeout_s = call_timeout_s
         self.probe_interval_s = probe_interval_s
@@ -120,14 +141,43 @@ class RayBackend:
         row = self._ray.get(self.actors[0].calibrate.remote(cases))
         return fit_served_profile([tuple(p) for p in row["points"]], ModelSpec(**row["model"]))
 
-    def _place(self, spec: EngineSpec, k: int, hot_fraction: float) -> list[list[str]]:
-        """Items whose KV each instance builds at start: its shard plus the hot items."""
+    def use_policy(self, name: str) -> None:
+        """Routes with policy `name` from now on (a fresh object: no carried state); affinity
+        with this backend's idleness weight (`w_idle`, None: derived per decision)."""
+        self.policy = routing_policy(name, self.cost, w_idle=self.w_idle)
+
+    def _place(self, spec: EngineSpec, k: int, hot_fraction: float, how: str,
+               seed: int) -> list[list[str]]:
+        """Items whose KV each instance builds at start, in build order: its shard plus the
+        hot items, least requested first (an LRU store smaller than them keeps the hot items
+        and the shard's most requested ones). `how`: metis, or random (METIS's hot items and
+        shard sizes, the tail drawn at random with `seed`)."""
         ds = spec.dataset()
         trace = [[str(h.item_id) for h in hist] for hist in ds.users.values()]
         placement = build_placement(trace, dict(self.item_tokens), k, hot_fraction,
                                     method="metis" if k > 1 else "hash")
+        if how == "random":
+            placement = shuffled_like(placement, seed)
+        requested = Counter(item for items in trace for item in set(items))
         shards = placement.shard_items()
-        return [sorted(set(shards[i]) | set(placement.hot)) for i in range(k)]
+        held = [sorted(set(shards[i]) | set(placement.hot),
+                       key=lambda it: (it in placement.hot, requested[it], it))
+                for i in range(k)]
+        self.placement_info = {"method": how, "seed": seed, "hot_items": len(placement.hot),
+                               "shard_items": [len(s) for s in shards],
+                               "placed_items": [len(h) for h in held]}
+        return held
+
+    def _warm(self, held: list[list[str]]) -> list[list[str]]:
+        """Builds each instance's placed items; returns what the router counts as held: the
+        placement, or without a shared tier what each store kept of it (a shard larger than
+        the store keeps only its last-built part)."""
+        self._ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
+        if not self.shared_tier:
+            kept = self._ray.get([a.cached_items.remote() for a in self.actors])
+            held = [sorted(set(h).intersection(k)) for h, k in zip(held, kept)]
+        self.placement_info["held_after_build"] = [len(h) for h in held]
+        return held
 
     # ---- requests -------------------------------------------------------------------------
     async def rank(self, payload: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Imports no torch: the simulator and the scheduler use placements as plain Python
 """
 
 from .graph import CooccurrenceGraph, build_cooccurrence
-from .sharding import METHODS, Placement, build_placement, hot_items
+from .sharding import METHODS, Placement, build_placement, hot_items, shuffled_like
 from .tokens import estimate_tokens
 
 __all__ = ["METHODS", "CooccurrenceGraph", "Placement", "build_cooccurrence", "build_placement",
-           "estimate_tokens", "hot_items"]
+           "estimate_tokens", "hot_items", "shuffled_like"]

@@ -175,3 +175,22 @@ def build_placement(requests: list[list[ItemKey]], token_counts: dict[ItemKey, i
         shards = _metis(requests, rest, token_counts, k, seed)
     return Placement(k, hot, dict(zip(rest, (int(s) for s in shards))), dict(token_counts),
                      method)
+
+
+def shuffled_like(placement: Placement, seed: int = 0) -> Placement:
+    """The baseline of `placement` that ignores co-occurrence: the same hot items, the same
+    number of items on every shard, but which tail item goes to which shard drawn at random
+    (seeded). Compared with METIS under the same router, only co-location differs (sizes and
+    replication do not), so a difference in hits is what METIS's partition buys."""
+    shards = placement.shard_items()
+    tail = sorted(placement.shard_of, key=str)          # a seed-only order, not METIS's
+    order = np.random.default_rng(seed).permutation(len(tail))
+    shard_of: dict[ItemKey, int] = {}
+    at = 0
+    for k, members in enumerate(shards):
+        for j in order[at:at + len(members)]:
+            shard_of[tail[int(j)]] = k
+        at += len(members)
+    return Placement(placement.num_instances, placement.hot, shard_of,
+                     dict(placement.token_counts), "random")
+
