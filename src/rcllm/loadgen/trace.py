@@ -4,14 +4,38 @@ Every review of a user who has at least one earlier review is one request: the u
 last `history_window` earlier reviews as the history, and as candidates the item-kNN
 retriever's shortlist for that history (RcLLM's retrieval stage, `eval.protocol`; the reviewed
 item is kept in the shortlist, replacing its last entry when the retriever missed it). The
-trace is the last `n` such requests in time order, so a user who reviewed twice in that span
-comes twice, with the longer history the second time (user repeats kept: what the user-prefix
-cache and affinity routing feed on).
+trace is `n` such requests that follow each other in time (a contiguous window of the dataset's
+review events), in time order, so a user who reviewed twice in that span comes twice, with the
+longer history the second time (user repeats kept: what the user-prefix cache and affinity
+routing feed on).
+
+Which window (`window`, `rcllm bench serve --sweep --trace-window`):
+- `users` (default): of all windows of `n` consecutive events, the one with the most distinct
+  users (ties: the latest). The tail of a dataset can be a few users' rating sessions: on
+  MovieLens 100K the last 60 ratings come from 3 users within 8 hours (57 repeats), a
+  workload no cluster would see; the busiest window in users keeps the real mix of users, and
+  being contiguous it keeps the real gaps between arrivals — the bursts of a user's session
+  and the lulls between sessions — and the repeats within it.
+- `tail`: the last `n` events (what the sweeps recorded before 2026-12-06 used).
+- `at:P` (0 <= P <= 1): the window whose first event is at the P-quantile of the events' times
+  (`at:0.5` starts at the median time), clipped so that it holds `n` events.
+Sessions (`session_gap_s`, `--trace-session-gap-s`, default 0 = off): a user's ratings at most
+`session_gap_s` after their previous one belong to one visit, and only a visit's first rating
+makes a request (its history: everything rated before it; a user's first visit makes none, as
+their first rating makes none). MovieLens users rate dozens of films
+in one sitting, so even its busiest window of 100 ratings holds 20 users (80 repeats, gaps' CV
+3.2, over 1.1 days; the last 100: 6 users); counted by visits with a 30-minute gap its busiest
+100 visits hold 74 users (26 repeats, gaps' CV 2.0, over 8.9 days): a request per visit, as a
+recommender would be asked.
+The trace's `summary()` reports users per 100 requests and the coefficient of variation of the
+inter-arrival gaps (1 for Poisson arrivals, above 1 burstier), so the choice is visible in
+every sweep's output.
 
 Arrivals: review timestamps are whole days in the Amazon 2018 files, so requests of one day
-are spread uniformly over it (seeded) before the span is compressed linearly to the target
-rate: arrival_s = (t - t_first) * (n - 1) / (rate * span). The relative gaps of the trace —
-its bursts and lulls — are kept at every rate; only the time scale changes.
+are spread uniformly over it (seeded); timestamps with seconds (MovieLens) are spread only
+within their second, so their gaps are the real ones. The span is then compressed linearly to
+the target rate: arrival_s = (t - t_first) * (n - 1) / (rate * span). The relative gaps of the
+trace — its bursts and lulls — are kept at every rate; only the time scale changes.
 """
 
 from __future__ import annotations
@@ -23,6 +47,9 @@ import numpy as np
 from ..errors import RcllmError
 from ..records import Dataset
 
+WINDOWS = ("users", "tail", "at:P")
+DAY_S = 86_400
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -30,6 +57,8 @@ class Trace:
     times_s: np.ndarray         # review time (s since the epoch, ties spread over the day)
     users: list[str]
     retrieval_recall: float     # share of requests whose reviewed item the retriever found
+    window: str = "tail"        # how the events were chosen (module docstring)
+    session_gap_s: float = 0.0  # > 0: one request per visit (module docstring)
 
     def arrivals_s(self, rate: float) -> np.ndarray:
         """Arrival times (s from the first) compressed so that the mean rate is `rate`."""
@@ -45,56 +74,134 @@ class Trace:
         """Requests whose user came earlier in the trace."""
         return len(self.users) - len(set(self.users))
 
+    def gap_cv(self) -> float:
+        """Coefficient of variation of the inter-arrival gaps (std / mean): 1 for Poisson
+        arrivals, above 1 burstier; NaN with fewer than 3 requests or no span."""
+        gaps = np.diff(self.times_s)
+        if len(gaps) < 2 or gaps.mean() <= 0:
+            return float("nan")
+        return float(gaps.std() / gaps.mean())
+
     def summary(self) -> dict:
-        return {"requests": len(self.bodies), "users": len(set(self.users)),
-                "repeat_requests": self.repeats(),
-                "span_days": float((self.times_s[-1] - self.times_s[0]) / 86_400)
+        n = len(self.bodies)
+        return {"requests": n, "users": len(set(self.users)),
+                "users_per_100_requests": 100.0 * len(set(self.users)) / max(1, n),
+                "repeat_requests": self.repeats(), "gap_cv": self.gap_cv(),
+                "window": self.window, "session_gap_s": self.session_gap_s,
+                "span_days": float((self.times_s[-1] - self.times_s[0]) / DAY_S)
                 if len(self.times_s) else 0.0,
                 "retrieval_recall": self.retrieval_recall}
 
 
+def parse_window(spec: str) -> tuple[str, float]:
+    """'users' | 'tail' | 'at:P' → (kind, P); a bad spec is refused with the choices."""
+    if spec in ("users", "tail"):
+        return spec, 0.0
+    if spec.startswith("at:"):
+        try:
+            p = float(spec[3:])
+        except ValueError:
+            p = -1.0
+        if 0.0 <= p <= 1.0:
+            return "at", p
+    raise RcllmError(f"trace window {spec!r}: use users, tail or at:P with 0 <= P <= 1")
+
+
+def window_start(users: list, times: np.ndarray, n: int, spec: str) -> int:
+    """Index of the first of the `n` consecutive events (sorted by time: `users`, `times`)
+    that window `spec` chooses (module docstring)."""
+    kind, p = parse_window(spec)
+    last = max(0, len(users) - n)
+    if kind == "tail":
+        return last
+    if kind == "at":
+        return min(last, int(np.searchsorted(times, np.quantile(times, p), side="left")))
+    counts: dict = {}
+    for u in users[:n]:
+        counts[u] = counts.get(u, 0) + 1
+    best, best_start = len(counts), 0
+    for start in range(1, last + 1):     # slide: drop users[start - 1], add users[start + n - 1]
+        out, into = users[start - 1], users[start + n - 1]
+        counts[out] -= 1
+        if not counts[out]:
+            del counts[out]
+        counts[into] = counts.get(into, 0) + 1
+        if len(counts) >= best:          # ties: the later window
+            best, best_start = len(counts), start
+    return best_start
+
+
+def _events(ds: Dataset, rng: np.random.Generator) -> list[tuple[float, str, int]]:
+    """(time, user, index of the review in the user's history) of every request-making review,
+    in time order, ties spread (over the day for whole-day timestamps, else within the
+    second)."""
+    raw: list[tuple[float, str, int]] = []
+    for user in sorted(ds.users):
+        hist = ds.users[user]
+        raw += [(float(hist[k].timestamp), user, k) for k in range(1, len(hist))]
+    if not raw:
+        raise RcllmError("no user has two reviews: no request can be built")
+    whole_days = all(t % DAY_S == 0 for t, _u, _k in raw)
+    spread = rng.uniform(0, DAY_S if whole_days else 1.0, size=len(raw))
+    events = [(t + s, u, k) for (t, u, k), s in zip(raw, spread)]
+    return sorted(events, key=lambda e: (e[0], e[1], e[2]))
+
+
+def visits(ds: Dataset, events: list[tuple[float, str, int]],
+           gap_s: float) -> list[tuple[float, str, int]]:
+    """The events that open a visit: the user's rating comes more than `gap_s` after their
+    previous rating (events keep their order). `gap_s` <= 0: every event."""
+    if gap_s <= 0:
+        return events
+    return [(t, user, k) for t, user, k in events
+            if ds.users[user][k].timestamp - ds.users[user][k - 1].timestamp > gap_s]
+
+
+def _body(ds: Dataset, retriever, user, k: int, num_candidates: int, history_window: int,
+          rng_key: list[int]) -> tuple[dict | None, bool]:
+    """The /v1/rank body of `user`'s k-th review (None: fewer than two candidates) and
+    whether the retriever found the reviewed item."""
+    hist = ds.users[user]
+    target = hist[k].item_id
+    past = hist[:k][-history_window:]
+    seen = {h.item_id for h in hist[:k]}
+    short = retriever.shortlist(sorted(seen), num_candidates, seen - {target})
+    hit = target in short
+    if not hit:
+        short = [*short[:num_candidates - 1], target]
+    if len(short) < 2:
+        return None, hit
+    cands = [short[j] for j in np.random.default_rng(rng_key).permutation(len(short)).tolist()]
+    return ({"user_id": str(user), "candidates": [str(c) for c in cands],
+             "history": [{"item_id": str(h.item_id), "rating": h.rating, "review": h.review,
+                          "timestamp": h.timestamp} for h in past]}, hit)
+
+
 def review_trace(ds: Dataset, n: int, num_candidates: int = 20, history_window: int = 10,
-                 seed: int = 0) -> Trace:
-    """The last `n` review events of `ds` as requests (module docstring)."""
+                 seed: int = 0, window: str = "users", session_gap_s: float = 0.0) -> Trace:
+    """`n` consecutive review events of `ds` (or visits, with `session_gap_s` > 0) as
+    requests, the window chosen by `window` (module docstring)."""
     from ..eval.protocol import ItemKnnRetriever
 
     if n < 1:
         raise RcllmError("the trace needs at least one request")
-    rng = np.random.default_rng(seed)
-    events = []                      # (time, user, index of the review in the user's history)
-    for user in sorted(ds.users):
-        hist = ds.users[user]
-        for k in range(1, len(hist)):
-            events.append((float(hist[k].timestamp), user, k))
+    events = visits(ds, _events(ds, np.random.default_rng(seed)), session_gap_s)
     if not events:
-        raise RcllmError("no user has two reviews: no request can be built")
-    jitter = rng.uniform(0, 86_400, size=len(events))
-    order = sorted(range(len(events)), key=lambda i: (events[i][0] + jitter[i], events[i][1],
-                                                      events[i][2]))
-    chosen = order[-n:]
+        raise RcllmError(f"no rating comes more than {session_gap_s:g} s after the user's "
+                         "previous one: no visit makes a request")
+    start = window_start([e[1] for e in events], np.array([e[0] for e in events]), n, window)
     retriever = ItemKnnRetriever(ds)
     bodies, times, users, found = [], [], [], []
-    for i in chosen:
-        t, user, k = events[i]
-        hist = ds.users[user]
-        target = hist[k].item_id
-        past = hist[:k][-history_window:]
-        seen = {h.item_id for h in hist[:k]}
-        short = retriever.shortlist(sorted(seen), num_candidates, seen - {target})
-        hit = target in short
-        if not hit:
-            short = [*short[:num_candidates - 1], target]
-        if len(short) < 2:
+    for t, user, k in events[start:start + n]:
+        body, hit = _body(ds, retriever, user, k, num_candidates, history_window,
+                          [seed, k, len(users)])
+        if body is None:
             continue
-        cands = [short[j] for j in np.random.default_rng([seed, k, len(users)])
-                 .permutation(len(short)).tolist()]
-        bodies.append({"user_id": str(user), "candidates": [str(c) for c in cands],
-                       "history": [{"item_id": str(h.item_id), "rating": h.rating,
-                                    "review": h.review, "timestamp": h.timestamp}
-                                   for h in past]})
-        times.append(t + jitter[i])
+        bodies.append(body)
+        times.append(t)
         users.append(str(user))
         found.append(hit)
     if not bodies:
         raise RcllmError("no request of the trace has two candidates")
-    return Trace(bodies, np.asarray(times), users, float(np.mean(found)))
+    return Trace(bodies, np.asarray(times), users, float(np.mean(found)), window,
+                 float(max(0.0, session_gap_s)))
