@@ -50,7 +50,8 @@ def test_rates_series_and_cell_numbers():
     names = [(s.name, s.policy) for s in series]
     assert names == [("full", "load-only"), ("prefix", "load-only"),
                      ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.15/0.15", "affinity"),
-                     ("adapter", "affinity"), ("rcllm-0.3/0.3", "hit-only"),
+                     ("adapter", "affinity"), ("rcllm-0.3/0.3", "cost"),
+                     ("rcllm-0.3/0.3", "hit-only"),
                      ("rcllm-0.3/0.3", "load-only"), ("rcllm-0.3/0.3", "round-robin")]
     assert series[2].body({"user_id": "u"}) == {"user_id": "u", "method": "rcllm",
                                                  "item_ratio": 0.3, "history_ratio": 0.3}
@@ -108,6 +109,19 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         assert 0 < c["engine_cpu_p50_ms"] <= c["engine_ttft_p99_ms"]
     assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
     assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")
+    # where the KV came from (issue 51): hits, misses computed on the spot and what they cost
+    for c in cells:
+        assert c["chunk_hits"] + c["chunk_misses"] == sum(r["lookups"] for r in c["requests"]
+                                                          if r["status"] == 200)
+        assert c["kv_imported_items"] == 0           # beside the Redis tier nothing is imported
+        assert len(c["held_items"]) == 2
+        if c["method"] == "full":
+            assert c["miss_cost_p50_ms"] is None and c["item_miss_tokens"] == 0
+        else:
+            assert c["miss_cost_p50_ms"] >= 0 and 0 <= c["item_miss_tokens"] <= c["item_tokens"]
+    placed = report["placement"]
+    assert placed["method"] == "metis" and placed["catalog_item_kv_bytes"] > 0
+    assert report["trace"]["window"] == "users" and report["affinity_idle_weight"] is None
     assert {c["requests"][0]["status"] for c in cells} <= {200, 429}
     # each answer's behind work (for the simulator): [computed, context] per queued job
     assert all(all(0 < n <= ctx for n, ctx in r["behind_tokens"])
@@ -171,6 +185,7 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
     args = top.parse_args([
         "serve", "--sweep", "--no-redis", "--requests", "6", "--candidates", "6",
         "--rates", "6", "--methods", "rcllm:0.3:0.3", "--policies", "affinity",
+        "--placement", "random",
         "--queue-size", "8", "--slo-ms", "60000", "--out", str(out),
         "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1",
         "--set", f"reuse.store_bytes={budget}"])
@@ -182,3 +197,8 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
     assert cell["ok"] + cell["rejected_429"] == 6 and cell["errors_5xx"] == cell["lost"] == 0
     held = cell["held_items"]
     assert len(held) == 2 and all(0 < n < len(synthetic.items) for n in held), held
+    # random shards of METIS's sizes, each instance warmed with its own (what its store kept)
+    placed = report["placement"]
+    assert placed["method"] == "random" and len(placed["shard_items"]) == 2
+    assert all(0 < kept <= n for kept, n in zip(placed["held_after_build"],
+                                                placed["placed_items"]))

@@ -70,13 +70,14 @@ def register_bench(bench) -> None:
 
 def _sweep_options(p) -> None:
     from ..loadgen import series
+    from .serve import add_placement_options
 
     g = p.add_argument_group("rate sweep (--sweep; loadgen/sweep.py)")
     g.add_argument("--sweep", action="store_true",
                    help="TTFT under load per method and routing policy over a rate sweep, on "
                         "--instances Ray instances with a private Redis (unless --no-redis); "
-                        "the workload is the "
-                        "last --requests review events of the data (retrieved candidates, "
+                        "the workload is --requests consecutive review events of the data "
+                        "(--trace-window; retrieved candidates, "
                         "arrivals compressed to each rate); --configs and the phases are not "
                         "used")
     g.add_argument("--rates", default=series.DEFAULT_RATES,
@@ -90,11 +91,26 @@ def _sweep_options(p) -> None:
                    help="routing policies of the rcllm 0.3/0.3 series (default "
                         f"{series.DEFAULT_POLICIES})")
     g.add_argument("--instances", type=int, default=2, help="Ray instances (default 2)")
+    g.add_argument("--trace-window", default="users", metavar="users|tail|at:P",
+                   help="which --requests consecutive review events form the trace: users = "
+                        "the window with the most distinct users (default), tail = the last "
+                        "ones, at:P = the window starting at the P-quantile of the events' "
+                        "times (loadgen/trace.py)")
+    g.add_argument("--trace-session-gap-s", type=float, default=0.0, metavar="S",
+                   help="one request per visit: a user's ratings at most S seconds after "
+                        "their previous one belong to the same visit, whose first rating is "
+                        "the request (default 0: every rating; MovieLens: 1800)")
+    add_placement_options(g)       # --placement, --placement-seed, --affinity-idle-weight
     g.add_argument("--no-redis", action="store_true",
                    help="no Redis tier: each instance's chunk store is its own memory (item KV "
                         "moves between instances through Ray's object store), so with an item "
                         "budget below the catalog's KV (--set reuse.store_bytes=B) the "
                         "instances hold different items")
+    g.add_argument("--profile", default="calibrate", metavar="calibrate|builtin|PATH",
+                   help="the router's speed profile (its cost model: affinity's derived weight, "
+                        "the cost policy, the misses' TTFT): calibrate = fitted at start on "
+                        "instance 0 (default); PATH = saved by a separate calibration run "
+                        "(`rcllm serve --save-profile PATH`)")
     g.add_argument("--slo-ms", type=float, default=5000.0,
                    help="TTFT SLO of the goodput (default 5000 ms)")
     g.add_argument("--timeout-s", type=float, default=300.0,

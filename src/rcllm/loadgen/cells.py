@@ -6,7 +6,12 @@ and HTTP included) P50/P90/P99 with a bootstrap 90% interval of P50 and P99, the
 TTFT and the CPU its thread used to reach it (lower: it waited for a core), queue time (client
 latency - engine time), goodput (answered within `--slo-ms` per second of the cell's wall time)
 and SLO attainment, chunk and user-prefix hit ratios, 429s, 5xx and lost requests (transport
-errors or timeouts).
+errors or timeouts). Where the hits came from (`miss_metrics`): chunk hits and misses, the item
+tokens computed on the spot because their chunk missed, the item KV imported between instances
+(items, and the time the imports took, waits for an engine lock apart) and the TTFT the missed
+item tokens cost, as the router's cost model prices them (`miss_cost_ms` of each row, set by
+the sweep from `routing.balance.miss_cost_ms`; the profile is the router's, fitted on its
+calibration run).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import numpy as np
 TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429", "errors_5xx",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
          "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
-         "chunk_hit_ratio", "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance")
+         "chunk_hit_ratio", "item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms",
+         "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance", "held_items")
 
 
 def _pct(xs: np.ndarray, q: float) -> float:
@@ -71,9 +77,33 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
             "goodput_rps": within / wall_s if wall_s > 0 else 0.0,
             "slo_attainment": within / max(1, len(rows)),
             "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
+            **miss_metrics(ok),
             "user_prefix_hit_ratio": (sum(u == "hit" for u in up) / len(up)) if up else None,
             # a returning user's history has grown by the last review: at best an append
             "user_prefix_append_ratio": (sum(u == "append" for u in up) / len(up)) if up
             else None,
             "per_instance": {str(k): sum(r["instance"] == k for r in ok)
                              for k in sorted({r["instance"] for r in ok})}}
+
+
+def miss_metrics(ok: list[dict]) -> dict:
+    """Where the answered requests' KV came from (module docstring): chunk hits and misses,
+    item tokens computed on the spot, item KV imported between instances and the time the
+    imports took, and the TTFT the misses cost (P50, mean, and their share of the engine's
+    TTFT; None where the rows do not say: a sweep recorded before these fields)."""
+    def total(key: str) -> float:
+        return float(sum(r.get(key) or 0 for r in ok))
+
+    cost = np.array([r["miss_cost_ms"] for r in ok if r.get("miss_cost_ms") is not None])
+    engine_ms = total("ttft_ms")
+    return {"chunk_hits": int(total("hits")),
+            "chunk_misses": int(total("lookups") - total("hits")),
+            "item_miss_tokens": int(total("item_miss_tokens")),
+            "item_tokens": int(total("item_tokens")),
+            "kv_imported_items": int(total("fetched")),
+            "kv_import_ms": total("import_ms"), "kv_import_wait_ms": total("import_wait_ms"),
+            "miss_cost_p50_ms": _pct(cost, 50) if len(cost) else None,
+            "miss_cost_mean_ms": float(cost.mean()) if len(cost) else None,
+            "miss_cost_share": float(cost.sum() / engine_ms) if len(cost) and engine_ms > 0
+            else None}
+

@@ -33,7 +33,7 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
         out.update(ttft_ms=js["ttft_ms"], total_ms=js["total_ms"], instance=js["instance"],
                    recomputed_fraction=st["recomputed_fraction"], hits=st["chunk_hits"],
                    lookups=st["chunk_hits"] + st["chunk_misses"],
-                   fetched=st.get("fetched_items", 0),
+                   fetched=st.get("fetched_items", 0), **_item_tokens(st),
                    user_prefix=st.get("user_prefix", "off"), method=js.get("method"),
                    context_tokens=st.get("tokens", 0),
                    recomputed_tokens=st.get("recomputed_tokens", 0),
@@ -43,6 +43,16 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                                          "import_wait_ms", "import_ms", "lock_wait_ms",
                                          "actor_ms") if k in st})
     return out
+
+
+def _item_tokens(st: dict) -> dict[str, int]:
+    """A request's item tokens, and those not taken from the chunk store (missed chunks
+    computed on the spot; with `reuse.item_tail` the tails too). A method that looks nothing
+    up (full, prefix) misses nothing."""
+    items = int((st.get("tokens_by_kind") or {}).get("item", 0))
+    reused = int((st.get("reused_tokens") or {}).get("item", 0))
+    looked_up = st.get("chunk_hits", 0) + st.get("chunk_misses", 0) > 0
+    return {"item_tokens": items, "item_miss_tokens": max(0, items - reused) if looked_up else 0}
 
 
 async def _run(url: str, bodies: list[dict], arrivals_s: Sequence[float], timeout_s: float,

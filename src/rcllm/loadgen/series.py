@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from ..errors import RcllmError
 
 DEFAULT_METHODS = "full,prefix,rcllm:0.3:0.3,rcllm:0.15:0.15"
-DEFAULT_POLICIES = "affinity,hit-only,load-only,round-robin"
+# cost: the lowest TTFT the router's cost model estimates (hits, misses and queue), beside
+# affinity, whose balance between hits and load the same model derives (routing/balance.py)
+DEFAULT_POLICIES = "affinity,cost,hit-only,load-only,round-robin"
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run
 

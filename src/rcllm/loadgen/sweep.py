@@ -9,9 +9,10 @@ fast path) by affinity, as in the simulator — or rcllm 0.3/0.3 under each othe
 a rate every series runs once, one after the other (so a drift of the shared machine's speed
 hits every series alike), the router's policy swapped between cells.
 
-The workload is `loadgen.trace.review_trace`: the last `--requests` review events of the
-category, candidates from the retrieval stage, arrivals compressed to the cell's rate with the
-trace's user repeats and bursts kept. Every cell dates its requests' history a day later than
+The workload is `loadgen.trace.review_trace`: `--requests` consecutive review events of the
+data (`--trace-window`: by default the window with the most distinct users), candidates from
+the retrieval stage, arrivals compressed to the cell's rate with the trace's user repeats and
+bursts kept. Every cell dates its requests' history a day later than
 the cell before (`phases.redated`): each cell's history chunks and user sides are new, so its
 hit ratios come from the item shards, the item KV cached so far, and the users who repeat
 within the cell — never from an earlier cell's requests. One unmeasured warm-up pass (rcllm,
@@ -19,9 +20,13 @@ in waves that are never refused) fills the item caches first, and a wave of each
 method takes torch's first calls at its shapes off the books; between cells the build-behind
 queue is drained, so a cell does not pay for the previous one's misses.
 
-Per cell: the numbers of `cells.py`. Outputs under `--out`: sweep.json (cells with every
-request's row; sweep.partial.json holds the cells done so far while it runs, what a stopped
-sweep leaves), sweep.md (the table) and two PNGs (TTFT against rate per method and per
+Placement (`--placement metis|random`, `serve.router`): each instance builds its shard and the
+hot items at start; the report's `placement` says how many items each was given and kept, and
+`catalog_item_kv_bytes` the item KV of the whole catalog (to state `reuse.store_bytes` as a
+share of it). Per cell: the numbers of `cells.py`, with each answered request's `miss_cost_ms`
+priced here by the router's cost model (`routing.balance.miss_cost_ms`). Outputs under
+`--out`: sweep.json (cells with every request's row; sweep.partial.json holds the cells done
+so far while it runs, what a stopped sweep leaves), sweep.md (the table) and two PNGs (TTFT against rate per method and per
 policy). Rates: absolute requests/s, or `Nx` = N × capacity, capacity = K × 1000 / the mean
 engine time of `prefix` on the trace, measured at start (the simulator's `--load` convention).
 """
@@ -83,11 +88,10 @@ def _warm_up(url: str, backend, trace, series, rates, wave: int):
 def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     """One cell: series `s` at one rate (`at` = value, relative?, rate, arrival times) on the
     trace dated `day` days later (no earlier cell's cache entry matches), then drained."""
-    from ..routing import routing_policy
     from ..serve.views import UserResidency
 
     value, rel, rate, arrivals = at
-    backend.policy = routing_policy(s.policy, backend.cost)
+    backend.use_policy(s.policy)
     if backend.residency is not None:
         backend.residency = UserResidency(backend.residency.ttl_s)
     bodies = [s.body(b) for b in redated(trace.bodies, day)]
@@ -97,6 +101,7 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     load_before = os.getloadavg()[0]
     res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True)
     drained = wait_until_stored(backend.store_stats)
+    price_misses(res["requests"], backend.cost)
     cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
@@ -145,14 +150,17 @@ def run_sweep(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
     series = series_of(args.methods, args.policies, bool(args.adapter))
     rates = parse_rates(args.rates)
+    profile = _router_profile(args)        # a bad --profile file is refused before anything
     os.makedirs(args.out, exist_ok=True)
     t_start = time.perf_counter()
-    trace = review_trace(load_data(args), args.requests, args.candidates, seed=args.seed)
+    trace = review_trace(load_data(args), args.requests, args.candidates, seed=args.seed,
+                         window=getattr(args, "trace_window", "users"),
+                         session_gap_s=getattr(args, "trace_session_gap_s", 0.0))
     print(f"trace: {json.dumps(trace.summary())}", flush=True)
     redis = None if getattr(args, "no_redis", False) else RedisServer().start()
     try:
         spec = _engine_spec(args, redis)
-        run = _serve_cells(spec, args, trace, series, rates)
+        run = _serve_cells(spec, args, trace, series, rates, profile)
     finally:
         if redis is not None:
             redis.stop()
@@ -162,6 +170,7 @@ def run_sweep(args) -> int:
               "start_s": run["start_s"], "cells_arrival_span_s": run["span_s"],
               "slo_ms": args.slo_ms, "instances": args.instances,
               "router_profile": run["profile"], "cpu_count": os.cpu_count(),
+              "placement": run["placement"], "affinity_idle_weight": _idle_weight(args),
               "series": [s.__dict__ for s in series],
               # the instances' builder threads' niceness (the simulator weighs them by it)
               "behind_nice": spec.engine_config()[0].reuse.behind_nice,
@@ -181,7 +190,18 @@ def _engine_spec(args, redis):
                       kv_encoding=args.kv_encoding)
 
 
-def _serve_cells(spec, args, trace, series, rates) -> dict:
+def _router_profile(args):
+    """`--profile`: calibrate (fitted at start on instance 0), builtin, or a profile saved by
+    an earlier run (`rcllm serve --save-profile`): the calibration run apart from the sweep."""
+    how = getattr(args, "profile", "calibrate")
+    if how in ("calibrate", "builtin"):
+        return how
+    from ..routing.profiles import load_profile
+
+    return load_profile(how)
+
+
+def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
     """Starts the deployment, warms it up and runs every cell on it: {start_s, capacity,
     span_s (the cells' arrivals), cells, profile (the router's)}."""
     from ..serve import lifecycle
@@ -191,7 +211,10 @@ def _serve_cells(spec, args, trace, series, rates) -> dict:
     from ..serve.settings import ServeSettings
 
     t0 = time.perf_counter()
-    backend = RayBackend(spec, args.instances, args.queue_size, "affinity")
+    backend = RayBackend(spec, args.instances, args.queue_size, "affinity",
+                         placement=getattr(args, "placement", "metis"),
+                         placement_seed=getattr(args, "placement_seed", 0),
+                         w_idle=_idle_weight(args), profile=profile)
     lifecycle.install()          # ray.init put its own SIGTERM handler in place
     start_s = time.perf_counter() - t0
     running = start_in_thread(create_app(backend, ServeSettings(queue_size=args.queue_size)))
@@ -199,6 +222,7 @@ def _serve_cells(spec, args, trace, series, rates) -> dict:
         # one request per instance at a time: never refused, and never queued long
         # enough for the app's 120 s timeout however slow the machine (a wave of a whole
         # queue per instance got 504s on a busy 2-core box)
+        print(f"placement: {json.dumps(backend.placement_info)}", flush=True)
         warm, capacity = _warm_up(running.url, backend, trace, series, rates, args.instances)
         span_s = sum(len(series) * trace.arrivals_s(v * capacity if rel else v)[-1]
                      for v, rel in rates)
@@ -212,7 +236,26 @@ def _serve_cells(spec, args, trace, series, rates) -> dict:
     finally:
         running.stop()
     return {"start_s": start_s, "capacity": capacity, "span_s": span_s, "cells": cells,
-            "profile": profile}
+            "profile": profile, "placement": backend.placement_info}
+
+
+def _idle_weight(args) -> float | None:
+    """Affinity's idleness weight the arguments ask for: None = derived from the cost model
+    at each decision (`routing.balance`), else the number."""
+    value = getattr(args, "affinity_idle_weight", "derived")
+    return None if value in (None, "derived") else float(value)
+
+
+def price_misses(rows: list[dict], cost) -> None:
+    """Sets each answered row's `miss_cost_ms`: the TTFT its item tokens computed on the spot
+    cost against reusing them, priced by `cost` (None for a method that looks nothing up)."""
+    from ..routing.balance import miss_cost_ms
+
+    for r in rows:
+        if r.get("status") != 200 or "item_tokens" not in r:
+            continue
+        r["miss_cost_ms"] = (miss_cost_ms(cost, r.get("context_tokens", 0), r["item_tokens"],
+                                          r["item_miss_tokens"]) if r.get("lookups") else None)
 
 
 def write_outputs(report: dict, out: str) -> None:
@@ -222,7 +265,8 @@ def write_outputs(report: dict, out: str) -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "sweep.json"), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1, default=str)
-    rows = [{**c, "per_instance": "/".join(str(v) for v in c["per_instance"].values())}
+    rows = [{**c, "per_instance": "/".join(str(v) for v in c["per_instance"].values()),
+             "held_items": "/".join(str(v) for v in c.get("held_items") or ())}
             for c in report["cells"]]
     table = markdown_table(rows, TABLE)
     with open(os.path.join(out, "sweep.md"), "w", encoding="utf-8") as fh:

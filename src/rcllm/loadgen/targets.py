@@ -7,8 +7,9 @@ another SLO (`rcllm bench serve --report SWEEP.json --slo-ms S`).
 - **Goodput at the SLO**: a series' goodput is the most requests per second it answered within
   the SLO over the swept rates (below its capacity goodput follows the rate; above, it is what
   the series sustains); compared with prefix's the same way.
-- **Routing**: at the two highest rates, rcllm 0.3/0.3's P99 under affinity against hit-only and
-  load-only (each P99 with its bootstrap 90% interval in the cells).
+- **Routing**: at the two highest rates, rcllm 0.3/0.3's P99 under affinity (and under cost,
+  where it ran) against hit-only and load-only (each P99 with its bootstrap 90% interval in the
+  cells).
 
 Only the cells decide: nothing here measures, so a sweep stopped early (`sweep.partial.json`)
 or read at another SLO gives the same verdict its requests support.
@@ -49,7 +50,9 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
     goodput = {name: max(c["goodput_rps"] for c in by_rate.values())
                for name, by_rate in own.items()}
     g0 = goodput.get(BASELINE, 0.0)
+    # no baseline series in the sweep (e.g. a routing-only sweep): nothing to compare with
     ratio = {name: (g / g0 if g0 > 0 else (float("inf") if g > 0 else None))
+             if BASELINE in goodput else None
              for name, g in goodput.items() if name != BASELINE}
     policies = []
     by_policy = {}
@@ -63,12 +66,20 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
         policies.append({"rate_rps": r,
                          "p99_ms": {p: c["ttft_p99_ms"] for p, c in ps.items()},
                          "p99_ci90": {p: c.get("ttft_p99_ci90") for p, c in ps.items()},
-                         "affinity_lowest": all(ps["affinity"]["ttft_p99_ms"] < ps[p]["ttft_p99_ms"]
-                                                for p in ("hit-only", "load-only"))})
+                         "affinity_lowest": _lowest(ps, "affinity"),
+                         "cost_lowest": _lowest(ps, "cost")})
     return {"slo_ms": slo_ms, "baseline": BASELINE, "baseline_meets_slo_at_rps": at,
             "p99_lower_than_baseline": p99, "p99_target": P99_TARGET,
             "goodput_at_slo_rps": goodput, "goodput_vs_baseline": ratio,
             "goodput_target": GOODPUT_TARGET, "policies_at_top_rates": policies}
+
+
+def _lowest(ps: dict, policy: str) -> bool | None:
+    """Whether `policy`'s P99 is below hit-only's and load-only's at one rate (None: the
+    policy did not run there)."""
+    if policy not in ps:
+        return None
+    return all(ps[policy]["ttft_p99_ms"] < ps[p]["ttft_p99_ms"] for p in ("hit-only", "load-only"))
 
 
 def format_targets(t: dict) -> str:
@@ -89,8 +100,11 @@ def format_targets(t: dict) -> str:
         lines.append(f"    {name}: {g:.3f}{ratio}" + _verdict(name, r, t["goodput_target"]))
     for p in t["policies_at_top_rates"]:
         vals = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p["p99_ms"].items()))
-        lines.append(f"  routing at {p['rate_rps']:.3f} rps, P99 ms: {vals}; affinity lowest "
-                     f"of affinity/hit-only/load-only: {'yes' if p['affinity_lowest'] else 'no'}")
+        line = (f"  routing at {p['rate_rps']:.3f} rps, P99 ms: {vals}; affinity lowest "
+                f"of affinity/hit-only/load-only: {'yes' if p['affinity_lowest'] else 'no'}")
+        if p.get("cost_lowest") is not None:
+            line += f"; cost below hit-only and load-only: {'yes' if p['cost_lowest'] else 'no'}"
+        lines.append(line)
     return "\n".join(lines)
 
 
