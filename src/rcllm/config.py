@@ -62,6 +62,7 @@ class ReuseConfig:
     attention_weight: float = opt(1.0, "rcllm: weight of the attention mass vs deviation")
     attention_layer: int = opt(0, "rcllm: heavy hitters from layer 0 or layer 1 attention")
     rcllm_select: str = opt("blend", "rcllm: how reused tokens are ranked for the budget (after each chunk's window). \"blend\": layer-1 KV deviation + attention_weight x the attention mass the answer queries give them; \"attention\": the attention mass alone (the question decides, not the deviation: ProphetKV's point); \"overlap\": no probe at all, the item tokens inside a run of >= 3 tokens that also occurs in the user's history chunks first (the same magazine, the same publisher), then each chunk's first tokens")
+    overlap_fill: str = opt("order", "rcllm_select=overlap: where the budget left after the shared runs goes. \"order\": each chunk's window, earliest slot first (whole chunks of the first candidates); \"ends\": every chunk alike, its last reused tokens first (the item's name, nearest the answer), round-robin over the chunks")
     depth_decay: float = opt(0.35, "rcllm: budgets shrink with depth: layer l recomputes ratio^(1 + depth_decay * t) of a kind's reused tokens, t = 0 at layer 1 and 1 at the last layer, the probe's lowest-scored dropped first (0 = the same budget in every layer; a 1.0 ratio stays 1.0; measured: docs/engine.md)")
     chunk_context: str = opt("template", "chunks built after: \"template\" | \"instruction\" | \"none\"")
     prefix_block: int = opt(16, "prefix cache granularity in tokens (vLLM-style blocks)")
@@ -100,6 +101,9 @@ class ReuseConfig:
         if self.rcllm_select not in ("blend", "attention", "overlap"):
             raise RcllmError(f"reuse.rcllm_select must be blend, attention or overlap, not "
                              f"{self.rcllm_select!r}")
+        if self.overlap_fill not in ("order", "ends"):
+            raise RcllmError(f"reuse.overlap_fill must be 'order' or 'ends', "
+                             f"not {self.overlap_fill!r}")
         if self.budget_scope not in ("prompt", "block"):
             raise RcllmError(f"reuse.budget_scope must be 'prompt' or 'block', "
                              f"not {self.budget_scope!r}")

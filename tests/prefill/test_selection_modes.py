@@ -70,6 +70,36 @@ def test_overlap_spends_the_budget_on_shared_runs_first():
     assert torch.nonzero(chosen).squeeze(1).tolist() == [4, 8, 9, 10]  # then the window
 
 
+def test_overlap_fill_ends_spreads_the_rest_over_every_chunk():
+    """overlap_fill=ends: after the shared runs, each item chunk's last reused token, then the
+    one before it, ... round-robin over the chunks — not whole chunks in prompt order."""
+    from types import SimpleNamespace as NS
+
+    #              user   hist 1 2 3  | chunk A: 7 1 2 3 8 | chunk B: 4 4 4 4
+    ids = torch.tensor([5, 1, 2, 3, 7, 1, 2, 3, 8, 4, 4, 4, 4])
+    n = len(ids)
+    kind = torch.tensor([0] + [HISTORY] * 3 + [ITEM] * 9, dtype=torch.int8)
+    offset = torch.tensor([0, 0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3])
+    have = torch.tensor([False] + [True] * 12)
+    exact = torch.tensor([False] + [True] * 3 + [False] * 9)
+    inp = NS(ids=ids, kind=kind, offset=offset, have_kv=have, exact_kv=exact,
+             layout=Layout.causal(n, ids.device))
+
+    def chosen(ratio, fill):
+        cfg = ReuseConfig(method="rcllm", rcllm_select="overlap", item_ratio=ratio,
+                          overlap_fill=fill)
+        return torch.nonzero(selection_policy(cfg).static_set(inp)).squeeze(1).tolist()
+
+    # 5 of 9: the run "1 2 3" (5, 6, 7), then each chunk's last token (8, 12)
+    assert chosen(5 / 9, "ends") == [5, 6, 7, 8, 12]
+    # 6 of 9: then the next-to-last of the chunk whose last is taken already (11)
+    assert chosen(6 / 9, "ends") == [5, 6, 7, 8, 11, 12]
+    # order: the run, then the earliest slots (chunk A whole before chunk B)
+    assert chosen(5 / 9, "order") == [4, 5, 6, 7, 8]
+    with pytest.raises(RcllmError, match="overlap_fill"):
+        ReuseConfig(overlap_fill="middle").validate()
+
+
 def test_bad_selection_is_refused():
     with pytest.raises(RcllmError, match="rcllm_select"):
         ReuseConfig(rcllm_select="random").validate()

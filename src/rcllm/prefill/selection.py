@@ -216,7 +216,10 @@ def _spans(mask: torch.Tensor, offset: torch.Tensor) -> list[tuple[int, int]]:
 class OverlapPolicy(RcllmPolicy):
     """rcllm with `rcllm_select=overlap`: no probe. Per kind and unit its budget goes first to
     the reused item tokens inside a run shared with the user's history chunks (`shared_runs`;
-    earliest first), then to each chunk's first tokens (the window), then in order."""
+    earliest first), then (`overlap_fill=order`) to each chunk's first tokens (the window),
+    then in order — or (`overlap_fill=ends`) to every chunk's last tokens alike, the last of
+    each chunk first, then the one before it, ...: no candidate is recomputed more than another
+    for its place in the prompt."""
 
     needs_probe = False
 
@@ -231,7 +234,13 @@ class OverlapPolicy(RcllmPolicy):
         n = len(ids)
         # earlier slots rank higher within a tier: shared runs, then windows, then the rest
         order = torch.arange(n, 0, -1, device=shared.device, dtype=torch.float32) / (n + 1)
-        score = order + 2.0 * (inp.offset < self.cfg.window).float() + 4.0 * shared.float()
+        if self.cfg.overlap_fill == "ends":  # then every chunk's last tokens, round-robin
+            to_end = torch.zeros(n, dtype=torch.float32, device=shared.device)
+            for s, e in items:
+                to_end[s:e] = torch.arange(e - s - 1, -1, -1, dtype=torch.float32)
+            score = 4.0 * shared.float() + 2.0 - to_end / (to_end.max() + 1) + order / (n + 1)
+        else:
+            score = order + 2.0 * (inp.offset < self.cfg.window).float() + 4.0 * shared.float()
         chosen = torch.zeros_like(inp.have_kv)
         for _, _, _, units in self._groups(inp):
             for unit, budget, _ in units:
