@@ -297,9 +297,9 @@ def test_distill_teacher_is_the_init_adapters_full_path_and_the_kl_goes_down(
         tiny_ft_config(distill=2.0, path="reuse", init=init)
 
 
-@pytest.mark.parametrize("tail", [0, 1])
+@pytest.mark.parametrize("tail, fill", [(0, "order"), (1, "ends")])
 def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav_dataset,
-                                                             tmp_path, tail):
+                                                             tmp_path, tail, fill):
     """train.reuse_select=overlap trains on what the engine's rcllm method with
     rcllm_select=overlap serves at that ratio (user side exact): the trainer's reuse path, its
     joint pass, and the diagnostics' overlap@r all give the engine's scores — and they differ
@@ -309,17 +309,18 @@ def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav
     from rcllm.finetune.diagnose import Diagnoser
 
     cfg = tiny_ft_config(candidates=3, reuse_tail=tail, steps=3, lr=5e-2,
-                         reuse_select="overlap", reuse_ratio=0.5)
+                         reuse_select="overlap", reuse_ratio=0.5, reuse_fill=fill)
     t = _trainer(cfg, fav_dataset, tmp_path / "o")
     assert t.fast_path() == {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": 0.5,
-                             "history_ratio": 0.5, "item_tail": tail, "user_side": "exact"}
+                             "history_ratio": 0.5, "item_tail": tail, "user_side": "exact",
+                             **({"overlap_fill": fill} if fill == "ends" else {})}
     t.run(progress=False)
     tuned = load_model(dataclasses.replace(cfg.model, adapter=str(tmp_path / "o")))
     draw = t.stream.draw(0)
     eng = Engine(tuned, fav_dataset.items,
                  RcllmConfig(prompt=cfg.prompt, reuse=ReuseConfig(
                      prefix_insert=False, item_tail=tail, rcllm_select="overlap",
-                     user_side="exact")), scorer="pointwise")
+                     overlap_fill=fill, user_side="exact")), scorer="pointwise")
     eng.build_items(draw.candidates)
     req = _request(t)
     served = eng.rank(req, "rcllm", user_prefix=False, item_ratio=0.5, history_ratio=0.5)
@@ -337,7 +338,7 @@ def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav
     torch.testing.assert_close(alone, want, rtol=1e-4, atol=1e-4)
     case = type("Case", (), {"user_id": ex.user_id, "history": ex.history,
                              "candidates": tuple(draw.candidates)})()
-    diag = Diagnoser(tuned.model, t.scorer.pw, tail, ratios=(0.5,))
+    diag = Diagnoser(tuned.model, t.scorer.pw, tail, ratios=(0.5,), fill=fill)
     got = diag.score_case(case, None, only=["overlap@0.5"])["overlap@0.5"]
     torch.testing.assert_close(torch.tensor(got), want.float(), rtol=1e-4, atol=1e-4)
     for other in (naive, full):

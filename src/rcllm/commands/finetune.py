@@ -217,7 +217,8 @@ def _choose_fast_path(cfg, folder: Path, ds, val_users) -> None:
     ratios = sorted({*CHOICE_RATIOS, *([float(fast["item_ratio"])]
                                        if fast.get("rcllm_select") == "overlap" else [])})
     chosen = choose_fast_path(Diagnoser(loaded.model, pw, int(fast["item_tail"]), depths,
-                                        ratios), cases, progress=True)
+                                        ratios, fast.get("overlap_fill", "order")),
+                              cases, progress=True)
     record_fast_path(folder, chosen)
     v = chosen["validation"]["ndcg10"]
     name = path_name(chosen)

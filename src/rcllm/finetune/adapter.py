@@ -123,6 +123,9 @@ def eval_settings(cfg, path: str | Path):
             base = ReuseConfig()
             cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
                 cfg.reuse, rcllm_select=fast.get("rcllm_select", base.rcllm_select),
+                overlap_fill=(fast.get("overlap_fill", base.overlap_fill)
+                              if cfg.reuse.overlap_fill == base.overlap_fill
+                              else cfg.reuse.overlap_fill),
                 item_ratio=(float(fast.get("item_ratio", base.item_ratio))
                             if cfg.reuse.item_ratio == base.item_ratio else cfg.reuse.item_ratio),
                 history_ratio=(float(fast.get("history_ratio", base.history_ratio))

@@ -71,6 +71,8 @@ class TrainConfig:
                                      "to use the tokens serving recomputes")
     reuse_ratio: float = opt(0.15, "reuse_select=overlap: the share of each prompt's reused "
                                    "item tokens recomputed (reuse.item_ratio)")
+    reuse_fill: str = opt("order", "reuse_select=overlap: where the budget left after the "
+                                   "shared runs goes (reuse.overlap_fill: order or ends)")
     match: float = opt(1.0, "joint: weight of KL(full's candidate distribution, no gradient || "
                             "the reuse path's): a dense target that asks the fast path to rank "
                             "as the full path does")
@@ -146,6 +148,9 @@ class TrainConfig:
                              f"not {self.objective!r}")
         if self.objective != "pointwise" and self.path != "full":
             raise RcllmError("train.objective=listwise needs train.path=full")
+        if self.reuse_fill not in ("order", "ends"):
+            raise RcllmError(f"train.reuse_fill must be 'order' or 'ends', not "
+                             f"{self.reuse_fill!r}")
         if self.reuse_select not in ("naive", "overlap") or not 0 < self.reuse_ratio <= 1:
             raise RcllmError(f"train.reuse_select must be 'naive' or 'overlap' (got "
                              f"{self.reuse_select!r}) and train.reuse_ratio within (0, 1]")
@@ -199,7 +204,8 @@ class FinetuneConfig:
             tree["train"].pop(name)  # max_examples: run_key adds the count when the cap binds
         t = tree["train"]
         if self.train.path == "full":  # options of the other paths change nothing
-            for name in ("reuse_tail", "match", "hidden_match", "reuse_select", "reuse_ratio"):
+            for name in ("reuse_tail", "match", "hidden_match", "reuse_select", "reuse_ratio",
+                         "reuse_fill"):
                 t.pop(name)
         elif self.train.path == "reuse":
             for name in ("match", "hidden_match"):
@@ -209,6 +215,9 @@ class FinetuneConfig:
         if t.get("reuse_select") == "naive":  # keys of runs from before the option hold
             t.pop("reuse_select")
             t.pop("reuse_ratio")
+            t.pop("reuse_fill")
+        elif t.get("reuse_fill") == "order":  # likewise, from before reuse_fill
+            t.pop("reuse_fill")
         if self.train.init:  # the starting factors by content, not by where they lie
             from .adapter import read_manifest
 

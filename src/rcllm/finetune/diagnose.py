@@ -76,9 +76,9 @@ class Diagnoser(PathScorer):
     """Scores one case on every diagnostic path (module docstring); no gradients."""
 
     def __init__(self, model, pw, tail: int, depths: Sequence[int] = (),
-                 ratios: Sequence[float] = ()):
+                 ratios: Sequence[float] = (), fill: str = "order"):
         super().__init__(model, pw, tail)
-        self.depths, self.ratios = tuple(depths), tuple(ratios)
+        self.depths, self.ratios, self.fill = tuple(depths), tuple(ratios), fill
 
     def paths(self) -> list[str]:
         return (["full", "fast"] + [f"late@{s}" for s in self.depths]
@@ -159,7 +159,7 @@ class Diagnoser(PathScorer):
         for r in self.ratios:
             if f"overlap@{r:g}" in only:
                 out[f"overlap@{r:g}"] = self._run(shared, chunks, tail, fast,
-                                                   policy=overlap_policy(r),
+                                                   policy=overlap_policy(r, self.fill),
                                                    slot_marks=(kind, offset))
         return out
 
@@ -290,14 +290,15 @@ def computed_share(path: str, layers: int) -> float:
     return 0.0
 
 
-def path_setting(path: str) -> dict:
-    """The reuse settings of a diagnostic fast path's name (the manifest's `fast_path`)."""
+def path_setting(path: str, fill: str = "order") -> dict:
+    """The reuse settings of a diagnostic fast path's name (the manifest's `fast_path`);
+    `fill`: the overlap paths' `reuse.overlap_fill`."""
     if path.startswith("late@"):
         return {"method": "late", "late_layer": int(path.split("@")[1])}
     if path.startswith("overlap@"):
         r = float(path.split("@")[1])
         return {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": r,
-                "history_ratio": r}
+                "history_ratio": r, **({"overlap_fill": fill} if fill != "order" else {})}
     return {"method": "naive"}
 
 
@@ -332,7 +333,7 @@ def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
     order = sorted(names[1:], key=lambda p: computed_share(p, L))
     within = [p for p in order if mean[p] >= mean["full"] - tolerance]
     pick = within[0] if within else max(order, key=lambda p: mean[p])
-    return {**path_setting(pick), "item_tail": scorer.tail, "user_side": "exact", "within": bool(within),
+    return {**path_setting(pick, getattr(scorer, "fill", "order")), "item_tail": scorer.tail, "user_side": "exact", "within": bool(within),
             "validation": {"users": len(cases), "tolerance": tolerance,
                            "ndcg10": {("naive" if p == "fast" else p): round(v, 4)
                                       for p, v in mean.items()}}}

@@ -36,12 +36,14 @@ from ..records import HistoryEntry, ItemId, UserId
 PATHS = ("full", "reuse")
 
 
-def overlap_policy(ratio: float) -> SelectionPolicy:
+def overlap_policy(ratio: float, fill: str = "order") -> SelectionPolicy:
     """The engine's rcllm selection `rcllm_select=overlap` at `ratio` of the reused item (and
-    history) tokens, the other options at their defaults (what `rcllm eval --methods rcllm
-    --item-ratio R --history-ratio R --set reuse.rcllm_select=overlap` serves)."""
+    history) tokens, its rest filled as `fill` says (`reuse.overlap_fill`), the other options at
+    their defaults (what `rcllm eval --methods rcllm --item-ratio R --history-ratio R --set
+    reuse.rcllm_select=overlap --set reuse.overlap_fill=F` serves)."""
     return selection_policy(ReuseConfig(method="rcllm", rcllm_select="overlap",
-                                        item_ratio=ratio, history_ratio=ratio))
+                                        item_ratio=ratio, history_ratio=ratio,
+                                        overlap_fill=fill))
 
 
 def marks(segments) -> tuple[list[int], list[int]]:

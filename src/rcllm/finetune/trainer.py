@@ -107,7 +107,8 @@ class Trainer:
             from ..prompt.pointwise import PointwisePrompt
 
             pw = PointwisePrompt(self.builder, self.model.arch.max_positions)
-            select = overlap_policy(t.reuse_ratio) if t.reuse_select == "overlap" else None
+            select = (overlap_policy(t.reuse_ratio, t.reuse_fill)
+                      if t.reuse_select == "overlap" else None)
             self.scorer = PathScorer(self.model, pw, t.reuse_tail, cfg.lora.first_layer,
                                      int(t.frozen_cache_gb * 2**30), select)
 
@@ -325,7 +326,8 @@ class Trainer:
         if t.reuse_select == "overlap":
             return {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": t.reuse_ratio,
                     "history_ratio": t.reuse_ratio, "item_tail": t.reuse_tail,
-                    "user_side": "exact"}
+                    "user_side": "exact",
+                    **({"overlap_fill": t.reuse_fill} if t.reuse_fill != "order" else {})}
         return {"method": "naive", "item_tail": t.reuse_tail, "user_side": "exact"}
 
     def _finish(self) -> Path:
