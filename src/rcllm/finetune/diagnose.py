@@ -159,9 +159,12 @@ class Diagnoser(PathScorer):
         for r in self.ratios:
             if f"overlap@{r:g}" in only:
                 out[f"overlap@{r:g}"] = self._run(shared, chunks, tail, fast,
-                                                   policy=overlap_policy(r, self.fill),
+                                                   policy=self._overlap(r),
                                                    slot_marks=(kind, offset))
         return out
+
+    def _overlap(self, r: float):
+        return overlap_policy(r, self.fill) if self.fill != "order" else overlap_policy(r)
 
     def _shared(self, user_id, history, cands) -> list[int]:
         return list(self.pw.prompt(RankRequest(user_id, history, cands[:1])).token_ids)
