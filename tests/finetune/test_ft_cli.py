@@ -69,14 +69,16 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     diag, png = tmp_path / "diag.json", tmp_path / "late.png"
     rc = main(["diagnose", "--format", "synthetic", "--set", f"model.path={tiny_model_dir}",
                "--set", "model.threads=0", "--adapter", str(folders[0]), "--requests", "3",
-               "--candidates", "5", "--depths", "0,1,2", "--json", str(diag), "--plot", str(png)])
+               "--candidates", "5", "--depths", "0,1,2", "--ratios", "0.5", "--json", str(diag),
+               "--plot", str(png)])
     assert rc == 0 and png.exists()
     rows = {r["path"]: r for r in json.loads(diag.read_text())["rows"]}
-    assert {"full", "fast", "late@0", "late@1", "late@2", "foreign", "short",
+    assert {"full", "fast", "late@0", "late@1", "late@2", "overlap@0.5", "foreign", "short",
             "full_user_swapped", "fast_user_swapped"} == set(rows)
     assert rows["late@0"]["delta_vs_full"] == 0.0
     # bad input is refused before the model loads
     assert main(["diagnose", "--adapter", str(tmp_path), "--depths", "a"]) == 2
+    assert main(["diagnose", "--adapter", str(tmp_path), "--ratios", "1.5"]) == 2
     assert main(["diagnose", "--adapter", str(tmp_path / "none")]) == 2
 
 

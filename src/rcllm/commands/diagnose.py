@@ -32,6 +32,10 @@ def register(top, bench) -> None:
                    help="layers s of the late-joint paths: item KV from the chunk store below "
                         "s, every item token computed against the user from s up (0 = full, "
                         "num_layers = naive reuse of the whole chunk); default 10,20,25,28,30")
+    p.add_argument("--ratios", default="",
+                   help="shares r of the overlap@r paths: rcllm's overlap selection "
+                        "(reuse.rcllm_select=overlap, reuse.overlap_fill as configured) "
+                        "computing that share of the item tokens; default none")
     p.add_argument("--json", metavar="PATH", help="write the rows and per-request values")
     p.add_argument("--plot", metavar="PNG", help="ΔNDCG@10 vs full against s")
     p.set_defaults(func=run)
@@ -47,11 +51,22 @@ def _depths(text: str) -> list[int]:
     return out
 
 
+def _ratios(text: str) -> list[float]:
+    try:
+        out = sorted({float(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise RcllmError(f"--ratios must be comma-separated shares, got {text!r}")
+    if out and not (0 < out[0] and out[-1] <= 1):
+        raise RcllmError("--ratios needs shares within (0, 1]")
+    return out
+
+
 def run(args) -> int:
     from .eval import _settings
     from ..finetune.diagnose import Diagnoser, diagnose, table
 
     depths = _depths(args.depths)  # checked before anything loads
+    ratios = _ratios(args.ratios)
     if not os.path.isfile(os.path.join(args.adapter, "adapter.json")):
         raise RcllmError(f"no adapter at {args.adapter} (adapter.json missing)")
     args.scorer = None
@@ -66,8 +81,8 @@ def run(args) -> int:
     tail = engine.cfg.reuse.item_tail
     print(f"workload: {ds.name}, {len(cases)} requests ({args.users} users); fast path: "
           f"item tail {tail}; late-joint depths {depths} of {L}")
-    found = diagnose(Diagnoser(engine.model, engine.pointwise, tail, depths), cases, ds.items,
-                     progress=True)
+    found = diagnose(Diagnoser(engine.model, engine.pointwise, tail, depths, ratios,
+                               engine.cfg.reuse.overlap_fill), cases, ds.items, progress=True)
     rows = table(found)
     print(markdown_table(rows, COLUMNS))
     parts = rows[0]

@@ -82,7 +82,8 @@ class Diagnoser(PathScorer):
 
     def paths(self) -> list[str]:
         return (["full", "fast"] + [f"late@{s}" for s in self.depths]
-                + [f"overlap@{r:g}" for r in self.ratios] + ["foreign", "short", "full_user_swapped", "fast_user_swapped"])
+                + [f"overlap@{r:g}" for r in self.ratios]
+                + ["foreign", "short", "full_user_swapped", "fast_user_swapped"])
 
     @torch.inference_mode()
     def score_case(self, case, other, only: Sequence[str] | None = None
@@ -149,19 +150,18 @@ class Diagnoser(PathScorer):
     def _overlaps(self, case, chunks, tail, shared, fast, only) -> dict[str, np.ndarray]:
         """overlap@r for each of `self.ratios` named in `only`: the fast path's given KV, and
         the tokens the selection picks computed."""
-        out = {}
-        prompt = self.pw.prompt(RankRequest(case.user_id, case.history, tuple(case.candidates[:1])))
+        wanted = [r for r in self.ratios if f"overlap@{r:g}" in only]
+        if not wanted:
+            return {}
+        prompt = self.pw.prompt(RankRequest(case.user_id, case.history,
+                                            tuple(case.candidates[:1])))
         kind, offset = marks(prompt.segments)
         tail_kind = KINDS.index(prompt.blocks[0][1].kind)
         for ch in chunks:
             kind += [KINDS.index("item")] * len(ch) + [tail_kind] * len(tail)
             offset += list(range(len(ch))) + [0] * len(tail)
-        for r in self.ratios:
-            if f"overlap@{r:g}" in only:
-                out[f"overlap@{r:g}"] = self._run(shared, chunks, tail, fast,
-                                                   policy=self._overlap(r),
-                                                   slot_marks=(kind, offset))
-        return out
+        return {f"overlap@{r:g}": self._run(shared, chunks, tail, fast, policy=self._overlap(r),
+                                            slot_marks=(kind, offset)) for r in wanted}
 
     def _overlap(self, r: float):
         return overlap_policy(r, self.fill) if self.fill != "order" else overlap_policy(r)
@@ -336,7 +336,8 @@ def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
     order = sorted(names[1:], key=lambda p: computed_share(p, L))
     within = [p for p in order if mean[p] >= mean["full"] - tolerance]
     pick = within[0] if within else max(order, key=lambda p: mean[p])
-    return {**path_setting(pick, getattr(scorer, "fill", "order")), "item_tail": scorer.tail, "user_side": "exact", "within": bool(within),
+    return {**path_setting(pick, getattr(scorer, "fill", "order")), "item_tail": scorer.tail,
+            "user_side": "exact", "within": bool(within),
             "validation": {"users": len(cases), "tolerance": tolerance,
                            "ndcg10": {("naive" if p == "fast" else p): round(v, 4)
                                       for p, v in mean.items()}}}
