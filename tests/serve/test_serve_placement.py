@@ -1,27 +1,18 @@
-"""The served path's placement at start (`RayBackend._place`, issue 51 item 3), without Ray:
-METIS or random shards of the same sizes, each instance's build order hot items last."""
+"""The served path's placement at start (`cluster_start.place_items`, issue 51 item 3), without
+Ray: METIS or random shards of the same sizes, each instance's build order hot items last."""
 
 from __future__ import annotations
 
 import pytest
 
 from rcllm.errors import RcllmError
+from rcllm.serve.cluster_start import place_items
 from rcllm.serve.router import RayBackend
 
 
-class _Spec:
-    def __init__(self, ds):
-        self._ds = ds
-
-    def dataset(self):
-        return self._ds
-
-
 def _placed(synthetic, how: str, seed: int = 0) -> tuple[list[list[str]], dict]:
-    backend = object.__new__(RayBackend)          # no Ray: only the placement is under test
-    backend.item_tokens = {str(i): 20 + len(str(i)) for i in synthetic.items}
-    held = backend._place(_Spec(synthetic), 2, 0.05, how, seed)
-    return held, backend.placement_info
+    tokens = {str(i): 20 + len(str(i)) for i in synthetic.items}
+    return place_items(synthetic, tokens, 2, 0.05, how, seed)
 
 
 def test_random_placement_has_metis_sizes_and_hot_items_and_differs(synthetic):

@@ -1,12 +1,7 @@
 """The Ray deployment: K instance actors behind a global router (`RayBackend`).
 
-Placement: item KV is sharded over instances with `sharding.build_placement` (METIS on the
-co-occurrence of the dataset's user histories, hottest `hot_fraction` replicated), or with
-`placement="random"` the same hot items and shard sizes with the tail drawn at random
-(`sharding.shuffled_like`, seeded), so the two compare under one router; each instance builds
-its shard and the hot items at start, least requested first (a store smaller than them keeps
-the hot items and its shard's most requested ones), and the router starts from what each kept.
-Every instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
+Placement (`cluster_start.place_items`): each instance builds its shard and the hot items at
+start, and the router starts from what each kept. Every instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
 instance that holds its KV (through Ray's object store) when the cost model prices fetching
 below recomputing, else recomputed; either way it is cached there after the answer.
 Routing: a `rcllm.routing` policy (affinity by default) over live views of the instances that
@@ -24,24 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
-from collections import Counter
 from typing import Any
 
-from ..sharding.sharding import build_placement, shuffled_like
 from ..config import REUSE_METHODS
 from ..errors import RcllmError
 from ..records import Item
 from ..routing import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
+from .cluster_start import PLACEMENTS, init_ray, place_items
 from .instance import Instance
 from .spec import EngineSpec
 from .views import LiveInstance, UserResidency, cluster_view, live_instances, routing_request
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
-PLACEMENTS = ("metis", "random")     # how the tail of the catalog is sharded at start
 
 
 def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
@@ -49,25 +41,6 @@ def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
     with a shared Redis tier: every instance's chunks are written behind to it and read
     through from it, while an import waits on the owner's engine lock (up to 1 s)."""
     return fetch_remote and not spec.redis_url
-
-
-def _init_ray(address: str | None, object_store_bytes: int) -> bool:
-    """Starts (or joins, with `address`) Ray unless this process already did; True when this
-    call initialised it (the backend then shuts it down on close)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    local = {} if address else {"num_cpus": os.cpu_count() or 2,
-                                "object_store_memory": object_store_bytes}
-    if not address:
-        # Ray runs its workers at nice 15 by default: the engines would then get ~3% of a
-        # core beside any ordinary process (the router in this process, a client, another
-        # job), and a busy machine starves the answers. The engines are the service, so they
-        # run at this process's priority.
-        local["_system_config"] = {"worker_niceness": 0}
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, **local)
-    return True
 
 
 class RayBackend:
@@ -87,7 +60,7 @@ class RayBackend:
             raise RcllmError(f"placement must be one of {', '.join(PLACEMENTS)}, not "
                              f"{placement!r}")
         self._ray = ray
-        self._owns_ray = _init_ray(address, object_store_bytes)
+        self._owns_ray = init_ray(address, object_store_bytes)
         self.queue_size = queue_size
         actor = ray.remote(num_cpus=0, max_concurrency=queue_size + 2, max_restarts=0)(Instance)
         self.actors = [actor.remote(k, spec) for k in range(num_instances)]
@@ -97,8 +70,10 @@ class RayBackend:
                           if ttl else None)               # None: no user-prefix cache
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
         self.shared_tier = bool(spec.redis_url)
-        held = self._warm(self._place(spec, num_instances, hot_fraction, placement,
-                                      placement_seed))
+        placed, self.placement_info = place_items(spec.dataset(), self.item_tokens,
+                                                  num_instances, hot_fraction, placement,
+                                                  placement_seed)
+        held = self._warm(placed)
         self.instances = live_instances(held, shared_tier=self.shared_tier)
         self.profile = self._speed_profile(profile, calibrate_cases)
         # the item KV of the whole catalog, for budgets stated as a share of it
@@ -145,28 +120,6 @@ class RayBackend:
         """Routes with policy `name` from now on (a fresh object: no carried state); affinity
         with this backend's idleness weight (`w_idle`, None: derived per decision)."""
         self.policy = routing_policy(name, self.cost, w_idle=self.w_idle)
-
-    def _place(self, spec: EngineSpec, k: int, hot_fraction: float, how: str,
-               seed: int) -> list[list[str]]:
-        """Items whose KV each instance builds at start, in build order: its shard plus the
-        hot items, least requested first (an LRU store smaller than them keeps the hot items
-        and the shard's most requested ones). `how`: metis, or random (METIS's hot items and
-        shard sizes, the tail drawn at random with `seed`)."""
-        ds = spec.dataset()
-        trace = [[str(h.item_id) for h in hist] for hist in ds.users.values()]
-        placement = build_placement(trace, dict(self.item_tokens), k, hot_fraction,
-                                    method="metis" if k > 1 else "hash")
-        if how == "random":
-            placement = shuffled_like(placement, seed)
-        requested = Counter(item for items in trace for item in set(items))
-        shards = placement.shard_items()
-        held = [sorted(set(shards[i]) | set(placement.hot),
-                       key=lambda it: (it in placement.hot, requested[it], it))
-                for i in range(k)]
-        self.placement_info = {"method": how, "seed": seed, "hot_items": len(placement.hot),
-                               "shard_items": [len(s) for s in shards],
-                               "placed_items": [len(h) for h in held]}
-        return held
 
     def _warm(self, held: list[list[str]]) -> list[list[str]]:
         """Builds each instance's placed items; returns what the router counts as held: the
