@@ -117,20 +117,14 @@ def eval_settings(cfg, path: str | Path):
             # explicit --set reuse.late_layer other than the default wins)
             cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
                 cfg.reuse, late_layer=int(fast["late_layer"])))
-        if fast.get("method") == "rcllm" and cfg.reuse.rcllm_select == ReuseConfig().rcllm_select:
-            # validated as rcllm with a selection at its budget: served with them (an explicit
-            # --set reuse.rcllm_select wins, and with it the command's ratios)
-            base = ReuseConfig()
-            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
-                cfg.reuse, rcllm_select=fast.get("rcllm_select", base.rcllm_select),
-                overlap_fill=(fast.get("overlap_fill", base.overlap_fill)
-                              if cfg.reuse.overlap_fill == base.overlap_fill
-                              else cfg.reuse.overlap_fill),
-                item_ratio=(float(fast.get("item_ratio", base.item_ratio))
-                            if cfg.reuse.item_ratio == base.item_ratio else cfg.reuse.item_ratio),
-                history_ratio=(float(fast.get("history_ratio", base.history_ratio))
-                               if cfg.reuse.history_ratio == base.history_ratio
-                               else cfg.reuse.history_ratio)))
+        base = ReuseConfig()
+        if fast.get("method") == "rcllm" and cfg.reuse.rcllm_select == base.rcllm_select:
+            # validated as rcllm with a selection at its budget: served with them (a setting
+            # the command changed from its default wins)
+            adopt = {name: type(getattr(base, name))(fast[name])
+                     for name in ("rcllm_select", "overlap_fill", "item_ratio", "history_ratio")
+                     if name in fast and getattr(cfg.reuse, name) == getattr(base, name)}
+            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, **adopt))
         if fast.get("user_side") == "exact" and cfg.reuse.user_side == "reuse":
             # trained with the user side exact: the user-prefix cache serves it exactly (built
             # behind the answer of a miss, which itself is served from reused history chunks)

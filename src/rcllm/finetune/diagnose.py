@@ -160,11 +160,8 @@ class Diagnoser(PathScorer):
         for ch in chunks:
             kind += [KINDS.index("item")] * len(ch) + [tail_kind] * len(tail)
             offset += list(range(len(ch))) + [0] * len(tail)
-        return {f"overlap@{r:g}": self._run(shared, chunks, tail, fast, policy=self._overlap(r),
+        return {f"overlap@{r:g}": self._run(shared, chunks, tail, fast, policy=overlap_policy(r, self.fill),
                                             slot_marks=(kind, offset)) for r in wanted}
-
-    def _overlap(self, r: float):
-        return overlap_policy(r, self.fill) if self.fill != "order" else overlap_policy(r)
 
     def _shared(self, user_id, history, cands) -> list[int]:
         return list(self.pw.prompt(RankRequest(user_id, history, cands[:1])).token_ids)

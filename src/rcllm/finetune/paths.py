@@ -126,7 +126,8 @@ class PathScorer:
                 s = len(ids)
                 ids += chunk + tail
                 k, o = marks(prompt.blocks[c])
-                kind, offset = kind + k, offset + o
+                kind += k
+                offset += o
                 ranges.append((s, len(ids)))
                 keep = len(chunk) - min(self.tail, len(chunk))
                 if path == "reuse" and keep:
