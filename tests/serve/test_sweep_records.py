@@ -17,7 +17,8 @@ from rcllm.routing import CostModel, MethodConfig, cpu_smollm2_profile
 def test_a_request_s_item_tokens_and_those_the_store_did_not_serve():
     st = {"tokens_by_kind": {"item": 300, "history": 500}, "reused_tokens": {"item": 200},
           "chunk_hits": 6, "chunk_misses": 2}
-    assert _item_tokens(st) == {"item_tokens": 300, "item_miss_tokens": 100}
+    assert _item_tokens(st) == {"item_tokens": 300, "item_miss_tokens": 100,
+                                "history_tokens": 500}
     # full and prefix look nothing up: nothing missed
     assert _item_tokens({**st, "chunk_hits": 0, "chunk_misses": 0})["item_miss_tokens"] == 0
 

@@ -20,13 +20,21 @@ from ..serve.server import KEEP_ALIVE_S
 KEEPALIVE_EXPIRY_S = min(5.0, KEEP_ALIVE_S / 4)
 
 
+def _asked(body: dict) -> dict[str, Any]:
+    """What a row keeps of its request, for the simulator's replay of the caches: the user, the
+    candidate ids and the reviewed items of the history (a history chunk's content)."""
+    return {"user": body.get("user_id"), "items": list(body.get("candidates", ())),
+            "history_items": [h.get("item_id") for h in body.get("history", ())]}
+
+
 async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
     sent = time.perf_counter()
     try:
         r = await client.post("/v1/rank", json=body)
     except httpx.HTTPError as exc:
-        return {"status": -1, "error": type(exc).__name__}
-    out = {"status": r.status_code, "latency_ms": (time.perf_counter() - sent) * 1e3}
+        return {"status": -1, "error": type(exc).__name__, **_asked(body)}
+    out = {"status": r.status_code, "latency_ms": (time.perf_counter() - sent) * 1e3,
+           **_asked(body)}
     if r.status_code == 200:
         js = r.json()
         st = js["stats"]
@@ -52,7 +60,8 @@ def _item_tokens(st: dict) -> dict[str, int]:
     items = int((st.get("tokens_by_kind") or {}).get("item", 0))
     reused = int((st.get("reused_tokens") or {}).get("item", 0))
     looked_up = st.get("chunk_hits", 0) + st.get("chunk_misses", 0) > 0
-    return {"item_tokens": items, "item_miss_tokens": max(0, items - reused) if looked_up else 0}
+    return {"item_tokens": items, "item_miss_tokens": max(0, items - reused) if looked_up else 0,
+            "history_tokens": int((st.get("tokens_by_kind") or {}).get("history", 0))}
 
 
 async def _run(url: str, bodies: list[dict], arrivals_s: Sequence[float], timeout_s: float,

@@ -50,6 +50,10 @@ from .series import POLICY_METHOD, Series, parse_method, parse_rates, series_of
 from .targets import format_targets, sweep_targets
 from .trace import review_trace
 
+# what the sweep keeps of each warm-up request: enough to replay the caches it filled
+WARM_FIELDS = ("status", "instance", "method", "user", "items", "history_items", "lookups",
+               "hits", "item_tokens", "history_tokens")
+
 
 def _waves(url: str, bodies: list[dict], size: int) -> dict:
     """`bodies` in waves of `size` sent at once, each wave after the last is answered (the
@@ -72,11 +76,13 @@ def _warm_up(url: str, backend, trace, series, rates, wave: int):
     # each method's first requests (torch's first calls at its shapes) off the books
     first = trace.bodies[:wave]
     for s in series:
-        _waves(url, [s.body(b) for b in redated(first, -1)], wave)
+        warm["requests"] += _waves(url, [s.body(b) for b in redated(first, -1)],
+                                   wave)["requests"]
     wait_until_stored(backend.store_stats)
     capacity = None
     if any(rel for _v, rel in rates):
         probe = _waves(url, [{**b, "method": "prefix"} for b in trace.bodies], wave)
+        warm["requests"] += probe["requests"]
         engine_ms = [r["total_ms"] for r in probe["requests"] if r["status"] == 200]
         if not engine_ms:
             raise RcllmError("the capacity probe got no answer")
@@ -174,7 +180,10 @@ def run_sweep(args) -> int:
               "series": [s.__dict__ for s in series],
               # the instances' builder threads' niceness (the simulator weighs them by it)
               "behind_nice": spec.engine_config()[0].reuse.behind_nice,
-              "wall_s": time.perf_counter() - t_start, "cells": run["cells"]}
+              "wall_s": time.perf_counter() - t_start, "cells": run["cells"],
+              # what the simulator replays the caches from (sim/served_cache.py): each item's
+              # chunk tokens and the warm-up's requests in the order they were answered
+              "item_tokens": run["item_tokens"], "warm_requests": run["warm_requests"]}
     write_outputs(report, args.out)
     print(f"sweep: {len(run['cells'])} cells in {report['wall_s']:.0f} s; outputs in {args.out}")
     return 0
@@ -222,7 +231,8 @@ def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
         # one request per instance at a time: never refused, and never queued long
         # enough for the app's 120 s timeout however slow the machine (a wave of a whole
         # queue per instance got 504s on a busy 2-core box)
-        print(f"placement: {json.dumps(backend.placement_info)}", flush=True)
+        print("placement: " + json.dumps({k: v for k, v in backend.placement_info.items()
+                                          if k != "placed"}), flush=True)
         warm, capacity = _warm_up(running.url, backend, trace, series, rates, args.instances)
         span_s = sum(len(series) * trace.arrivals_s(v * capacity if rel else v)[-1]
                      for v, rel in rates)
@@ -236,7 +246,9 @@ def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
     finally:
         running.stop()
     return {"start_s": start_s, "capacity": capacity, "span_s": span_s, "cells": cells,
-            "profile": profile, "placement": backend.placement_info}
+            "profile": profile, "placement": backend.placement_info,
+            "item_tokens": backend.item_tokens, "warm_requests": [
+                {k: r.get(k) for k in WARM_FIELDS} for r in warm["requests"]]}
 
 
 def _idle_weight(args) -> float | None:

@@ -44,7 +44,8 @@ def place_items(ds: Dataset, item_tokens: dict[str, int], k: int, hot_fraction: 
                 how: str, seed: int) -> tuple[list[list[str]], dict]:
     """Items whose KV each of `k` instances builds at start, in build order (module
     docstring), and what was placed (`placement_info`: method, seed, hot items, shard and
-    placed sizes). `how`: metis, or random (METIS's hot items and shard sizes, the tail
+    placed sizes, and `placed`: each instance's items in build order, which the simulator
+    replays). `how`: metis, or random (METIS's hot items and shard sizes, the tail
     drawn at random with `seed`)."""
     trace = [[str(h.item_id) for h in hist] for hist in ds.users.values()]
     placement = build_placement(trace, dict(item_tokens), k, hot_fraction,
@@ -57,5 +58,6 @@ def place_items(ds: Dataset, item_tokens: dict[str, int], k: int, hot_fraction: 
                    key=lambda it: (it in placement.hot, requested[it], it))
             for i in range(k)]
     info = {"method": how, "seed": seed, "hot_items": len(placement.hot),
-            "shard_items": [len(s) for s in shards], "placed_items": [len(h) for h in held]}
+            "shard_items": [len(s) for s in shards], "placed_items": [len(h) for h in held],
+            "placed": held}
     return held, info
