@@ -277,9 +277,11 @@ def _sweep_parser(sub) -> None:
                     help="bench ttft --json run(s) to fit the profile on (comma-separated "
                          "repeats merged as in validate); never the sweep itself")
     sw.add_argument("--min-repeats", type=int, default=1)
-    sw.add_argument("--routing", choices=("replay", "policy"), default="replay",
-                    help="replay the served router's choices (default) or simulate load-only "
-                         "and round-robin (affinity and hit-only are replayed either way)")
+    sw.add_argument("--routing", choices=("replay", "policy", "caches"), default="replay",
+                    help="replay the served router's choices (default); simulate load-only "
+                         "and round-robin (policy; the others replayed); or simulate every "
+                         "policy on simulated stores, hits and imports included (caches: a "
+                         "sweep without the shared tier; it predicts the hit ratios too)")
     sw.add_argument("--overhead-ms", type=float, default=0.0,
                     help="HTTP + router time added to every request (default 0)")
     sw.add_argument("--busy-slowdown", type=float, default=1.0, metavar="F",

@@ -263,16 +263,24 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     nice = int(sweep.get("behind_nice", 0))
     weight = behind_weight(nice) if builder_weight is None else float(builder_weight)
     k = sweep_instances(sweep)
+    replay = _cache_replay(sweep, profile, routing, measured, overhead_ms, behind_cost)
     rows = []
     for c in sweep["cells"]:
         scale = speed_scale(c, fit_reference_ms)
-        ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k, c["policy"],
-                                       routing, overhead_ms, busy_slowdown, cores,
-                                       behind_cost, scale, measured, weight)
+        hits = None
+        if replay is not None:
+            ttft, svc, hits = replay.cell(c, scale, busy_slowdown, cores, weight)
+            own = True
+        else:
+            ttft, svc, own = simulate_cell(c["arrivals_s"], c["requests"], profile, k,
+                                           c["policy"], routing, overhead_ms, busy_slowdown,
+                                           cores, behind_cost, scale, measured, weight)
         if len(ttft):
             rows.append(_cell_row(c, ttft, svc, own, sweep.get("capacity_rps"), recorded,
-                                  profile, behind_cost, scale))
+                                  profile, behind_cost, scale, hits))
     summary = {**_errors(rows), "target": 0.15, "profile": profile.name, "routing": routing,
+               # --routing caches: the profile its router priced with (file or "fit")
+               "router_profile": replay.router_source if replay is not None else None,
                "service": service,
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
@@ -290,10 +298,26 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
     return rows, summary
 
 
+def _cache_replay(sweep, profile, routing, measured, overhead_ms, behind_cost):
+    """`--routing caches`' replay of the stores and the router (None for the other routings)."""
+    if routing != "caches":
+        return None
+    if measured:
+        raise RcllmError("--service measured replays the sweep's own engine times, which hold "
+                         "its hits: it cannot go with --routing caches")
+    from .served_cache import CacheReplay
+
+    return CacheReplay(sweep, profile,
+                       lambda m, n, ctx: service_ms(profile, m, n, ctx, overhead_ms),
+                       lambda n: behind_ms(profile, n, n, behind_cost))
+
+
 def _cell_row(c: dict[str, Any], ttft: np.ndarray, svc: np.ndarray, own: bool,
               capacity: float | None, recorded: bool, profile: SpeedProfile,
-              behind_cost: BehindCost | None, scale: float) -> dict[str, Any]:
-    """One cell's measured against predicted P50/P99 (`predict_sweep`'s row)."""
+              behind_cost: BehindCost | None, scale: float,
+              hits: dict | None = None) -> dict[str, Any]:
+    """One cell's measured against predicted P50/P99 (`predict_sweep`'s row); with `hits`
+    (`--routing caches`) its predicted hit figures beside the measured ones."""
     ok = [r for r in c["requests"] if r["status"] == 200]
     work = [scale * sum(behind_ms(profile, n, ctx, behind_cost)
                         for n, ctx in r.get("behind_tokens", []))
@@ -303,7 +327,7 @@ def _cell_row(c: dict[str, Any], ttft: np.ndarray, svc: np.ndarray, own: bool,
     below = capacity is None or c["rate_rps"] < capacity
     return {"rate_rps": c["rate_rps"], "series": c["series"], "method": c["method"],
             "policy": c["policy"], "below_capacity": below,
-            "routing": "simulated" if own else "replayed",
+            "routing": "caches" if hits is not None else "simulated" if own else "replayed",
             "measured_p50_ms": c["ttft_p50_ms"], "predicted_p50_ms": p50,
             "p50_rel_err": _rel(p50, c["ttft_p50_ms"]),
             "measured_p99_ms": c["ttft_p99_ms"], "predicted_p99_ms": p99,
@@ -313,7 +337,22 @@ def _cell_row(c: dict[str, Any], ttft: np.ndarray, svc: np.ndarray, own: bool,
             "measured_engine_cpu_p50_ms": float(np.median(cpu)) if cpu else None,
             "predicted_service_p50_ms": float(np.percentile(svc, 50)),
             "behind_ms_per_request": float(np.mean(work)) if recorded else None,
-            "speed_scale": scale}
+            "speed_scale": scale, **_hit_fields(c, hits)}
+
+
+def _hit_fields(c: dict[str, Any], hits: dict | None) -> dict[str, Any]:
+    """Measured and predicted chunk and item-token hit ratios of a cell (none without
+    `hits`) and the chunk ratio's error."""
+    if hits is None:
+        return {}
+    from .served_cache import measured_hits
+
+    meas = measured_hits(c)
+    pred, got = hits.get("chunk_hit_ratio"), meas.get("chunk_hit_ratio")
+    return {"measured_chunk_hit_ratio": got, "predicted_chunk_hit_ratio": pred,
+            "chunk_hit_err": None if pred is None or got is None else abs(pred - got),
+            "measured_item_token_hit_ratio": meas["item_token_hit_ratio"],
+            "predicted_item_token_hit_ratio": hits.get("item_token_hit_ratio")}
 
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -325,6 +364,9 @@ def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cells": len(rows), "cells_below_capacity": len(below),
             "within_15pct_below_capacity": sum(e <= 0.15 for e in errs),
             "worst_rel_err_below_capacity": max(errs) if errs else None,
+            # --routing caches: cells whose predicted chunk hit ratio is within 0.05
+            "hit_within_0.05": sum(r["chunk_hit_err"] <= 0.05 for r in rows
+                                   if r.get("chunk_hit_err") is not None),
             "median_p50_rel_err": float(np.median([r["p50_rel_err"] for r in rows]))
             if rows else None,
             "median_p99_rel_err": float(np.median([r["p99_rel_err"] for r in rows]))

@@ -12,6 +12,9 @@ COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
            "predicted_p50_ms", "p50_rel_err", "measured_p99_ms", "predicted_p99_ms",
            "p99_rel_err", "measured_engine_p50_ms", "measured_engine_cpu_p50_ms",
            "predicted_service_p50_ms", "behind_ms_per_request", "speed_scale")
+# with --routing caches, the hit ratios beside them
+HIT_COLUMNS = ("measured_chunk_hit_ratio", "predicted_chunk_hit_ratio", "chunk_hit_err",
+               "measured_item_token_hit_ratio", "predicted_item_token_hit_ratio")
 
 
 def write_outputs(sweep: dict, rows: list[dict], summary: dict, profile: SpeedProfile,
@@ -27,7 +30,8 @@ def write_outputs(sweep: dict, rows: list[dict], summary: dict, profile: SpeedPr
                           "reuse_ms_per_token": profile.reuse_ms_per_token}}
     with open(os.path.join(out, "sim_sweep.json"), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=1, default=str)
-    table = markdown_table(rows, COLUMNS)
+    table = markdown_table(rows, COLUMNS + (HIT_COLUMNS if summary.get("router_profile")
+                                            else ()))
     with open(os.path.join(out, "sim_sweep.md"), "w", encoding="utf-8") as fh:
         fh.write(f"# simulator vs served sweep ({summary['routing']} routing, profile "
                  f"{profile.name})\n\n{table}\n")

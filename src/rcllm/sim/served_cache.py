@@ -1,0 +1,363 @@
+"""The served sweep predicted with its caches and its router (`rcllm sim sweep --routing
+caches`; issue 51 item 4).
+
+`served.py` replays where each request went and what it computed; here both are predicted. The
+sweep gives the workload only: the placement (each instance's items in build order), the
+warm-up's requests, and per cell the arrival times and, per answered request, its user,
+candidates, reviewed history items and token counts. Nothing of what the caches or the router
+did is read, except to compare.
+
+Model, per instance (a sweep without a shared tier; one with Redis is refused):
+- a chunk store: least-recently-used by bytes under the sweep's `reuse.store_bytes`, holding
+  item chunks (an item's tokens × the model's KV bytes per token) and history chunks (a user's
+  review of an item, dated per cell as the sweep redates its trace; the row's history tokens
+  split evenly over its chunks). It starts as the placement built it (items in build order,
+  the store keeping the last ones that fit), then takes the warm-up's requests where they went.
+- the router: the sweep's policy object (`routing.policies`) on the router's own cost model
+  (the profile the sweep was routed with, a separate calibration run, when its file is
+  there), reading each store's items and the estimates of the work it sent and was not yet
+  answered, as `serve/views.LiveInstance` keeps them.
+- imports: without a shared tier the router has items a chosen instance lacks and another
+  holds exported by the owner and stored at the chosen one before it ranks (`serve/router.py
+  _imports`), when the cost model prices fetching below recomputing. The export waits for the
+  owner's engine: the import is ready when the owner's current request ends, plus the
+  transfer at the profile's network bandwidth.
+- service: the fitted profile's price of the tokens computed, from the row's context, item and
+  history tokens and the simulated hits: a hit's tokens are recomputed at the method's ratio,
+  a miss's all; a missed chunk is built behind the answer (one job per chunk), and a hit or
+  a built chunk is the most recent in its store once the answer is out. The event loop, the
+  core sharing and the busy slowdown are `served_cluster.ServedCluster`'s.
+
+What it leaves out: the router's picture lags the stores by one answer (it learns an eviction
+from the next answer); the engine's chunk look-up order within a request; Ray's queueing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..config import ReuseConfig
+from ..errors import RcllmError
+from ..routing import ClusterView, CostModel, MethodConfig, SetLocality, routing_policy
+from ..routing.profiles import SpeedProfile, load_profile
+from ..routing.requests import routing_request
+from .served_cluster import ServedCluster
+from .slowdown import slowdown_of
+
+
+class StoreSim:
+    """One instance's chunk store: least recently used by bytes (`kvstore.MemoryLRUStore`)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = int(budget)
+        self.entries: OrderedDict[tuple, int] = OrderedDict()
+        self.nbytes = 0
+        self.items: set[str] = set()      # the item ids among the entries (the router's view)
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self.entries
+
+    def touch(self, key: tuple) -> None:
+        self.entries.move_to_end(key)
+
+    def put(self, key: tuple, nbytes: int) -> None:
+        """Stores (or refreshes) `key`, evicting the least recent entries past the budget; an
+        entry larger than the whole budget is not kept."""
+        if key in self.entries:
+            self.touch(key)
+            return
+        if nbytes > self.budget:
+            return
+        self.entries[key] = int(nbytes)
+        self.nbytes += int(nbytes)
+        if key[0] == "item":
+            self.items.add(key[1])
+        while self.nbytes > self.budget:
+            gone, size = self.entries.popitem(last=False)
+            self.nbytes -= size
+            if gone[0] == "item":
+                self.items.discard(gone[1])
+
+
+@dataclass
+class Look:
+    """What one request found at its instance: chunk hits and look-ups, item tokens served from
+    the store, history tokens served, and the chunks built behind its answer."""
+
+    hits: int = 0
+    lookups: int = 0
+    item_hit_tokens: float = 0.0
+    item_tokens: float = 0.0
+    history_hit_tokens: float = 0.0
+    imported: int = 0
+    built: list[tuple[tuple, int, int]] = field(default_factory=list)   # (key, tokens, bytes)
+
+
+class ClusterCaches:
+    """Every instance's store, and what a request finds and leaves in them."""
+
+    def __init__(self, sweep: Mapping[str, Any], kv_bytes_per_token: int) -> None:
+        if sweep.get("redis_tier"):
+            raise RcllmError("--routing caches models a sweep without the shared tier (run with "
+                             "--no-redis); this one had a Redis tier")
+        placed = (sweep.get("placement") or {}).get("placed")
+        if not placed or "item_tokens" not in sweep:
+            raise RcllmError("the sweep lacks its placement or item token counts (a sweep "
+                             "recorded before they were; run it again)")
+        self.tokens: dict[str, int] = {str(k): int(v) for k, v in sweep["item_tokens"].items()}
+        self.kv = int(kv_bytes_per_token)
+        budget = store_budget(sweep)
+        self.stores = [StoreSim(budget) for _ in placed]
+        for store, items in zip(self.stores, placed):
+            for item in items:
+                store.put(("item", str(item)), self.tokens.get(str(item), 0) * self.kv)
+        self.placed_kept = [len(s.items) for s in self.stores]
+
+    def chunks(self, row: Mapping[str, Any], tag: str) -> list[tuple[tuple, int]]:
+        """The request's chunks with their tokens: its candidates', then its history's."""
+        out = [(("item", str(i)), self.tokens.get(str(i), 0)) for i in row.get("items") or ()]
+        hist = list(row.get("history_items") or ())
+        per = int(row.get("history_tokens") or 0) / max(1, len(hist))
+        out += [(("hist", tag, str(row.get("user")), str(h)), per) for h in hist]
+        return out
+
+    def owner(self, key: tuple, here: int) -> int | None:
+        return next((k for k, s in enumerate(self.stores) if k != here and key in s), None)
+
+    def import_for(self, row: Mapping[str, Any], dest: int) -> dict[int, list[tuple]]:
+        """The items `dest` lacks that another store holds, by owner (the router's choice:
+        the first other instance holding it), stored at `dest` now."""
+        by_owner: dict[int, list[tuple]] = {}
+        for key, tokens in self.chunks(row, "")[:len(row.get("items") or ())]:
+            if key in self.stores[dest]:
+                continue
+            o = self.owner(key, dest)
+            if o is not None:
+                by_owner.setdefault(o, []).append((key, tokens))
+        for pairs in by_owner.values():
+            for key, tokens in pairs:
+                self.stores[dest].put(key, int(tokens * self.kv))
+        return by_owner
+
+    def look_up(self, row: Mapping[str, Any], dest: int, tag: str) -> Look:
+        """What `row` finds at `dest` (a hit is refreshed now; a miss is built behind)."""
+        look, store = Look(), self.stores[dest]
+        for key, tokens in self.chunks(row, tag):
+            look.lookups += 1
+            is_item = key[0] == "item"
+            look.item_tokens += tokens if is_item else 0
+            if key in store:
+                store.touch(key)
+                look.hits += 1
+                look.item_hit_tokens += tokens if is_item else 0
+                look.history_hit_tokens += 0 if is_item else tokens
+            else:
+                look.built.append((key, int(round(tokens)), int(tokens * self.kv)))
+        return look
+
+    def commit(self, dest: int, look: Look) -> None:
+        """The chunks built behind an answer enter its store."""
+        for key, _tokens, nbytes in look.built:
+            self.stores[dest].put(key, nbytes)
+
+    def warm(self, rows: list[Mapping[str, Any]], trace_requests: int) -> None:
+        """The warm-up's requests, in the order answered, where they went: the trace as is,
+        then each series' first requests dated a day earlier (the capacity probe's prefix
+        requests look nothing up)."""
+        for n, row in enumerate(rows):
+            if row.get("status") != 200 or not row.get("lookups") or row.get("instance") is None:
+                continue
+            dest = int(row["instance"]) % len(self.stores)
+            self.commit(dest, self.look_up(row, dest, "warm" if n < trace_requests else "-1"))
+
+
+def store_budget(sweep: Mapping[str, Any]) -> int:
+    """The instances' `reuse.store_bytes`, as the sweep's `--set` gave it or the default."""
+    budget = ReuseConfig().store_bytes
+    for item in (sweep.get("config") or {}).get("overrides") or ():
+        key, _, value = str(item).partition("=")
+        if key.strip() == "reuse.store_bytes":
+            budget = int(float(value))
+    return budget
+
+
+def router_profile(sweep: Mapping[str, Any], fallback: SpeedProfile) -> tuple[SpeedProfile, str]:
+    """The profile the sweep's router priced with (its `--profile` file, a calibration run
+    apart from the sweep) when it is still there, else `fallback`; and which it is."""
+    path = (sweep.get("config") or {}).get("profile")
+    if path and path not in ("calibrate", "builtin") and os.path.exists(str(path)):
+        return load_profile(path), str(path)
+    return fallback, "fit"
+
+
+def series_ratios(sweep: Mapping[str, Any], cell: Mapping[str, Any]) -> tuple[float, float]:
+    """The item and history recompute ratios of a cell's series (0.3/0.3 when unstated)."""
+    for s in sweep.get("series") or ():
+        if s.get("name") == cell.get("method") and s.get("policy") == cell.get("policy"):
+            f = s.get("fields") or {}
+            return float(f.get("item_ratio", 0.3)), float(f.get("history_ratio", 0.3))
+    return 0.3, 0.3
+
+
+@dataclass
+class CellSetup:
+    """What a cell's replay needs besides its rows: the policy object, the router's cost models
+    (service estimate, and the price of fetching the missing items), the fitted price of a
+    request's and of a build's work, the ratios and tag of the cell."""
+
+    policy: Any
+    cost: CostModel
+    fetch_cost: CostModel
+    price: Callable[[str, float, float], float]       # (method, computed, context) -> ms
+    build: Callable[[int], float]                      # chunk tokens -> ms behind the answer
+    ratios: tuple[float, float]
+    tag: str
+    imports: bool = True
+
+
+class CachedCluster(ServedCluster):
+    """`ServedCluster` whose arrivals are routed by the policy on the simulated stores, and
+    whose requests are priced by what they find there when their service starts."""
+
+    def __init__(self, jobs: list[tuple], rows: list[dict], caches: ClusterCaches,
+                 setup: CellSetup, cores: float | None, builder_weight: float,
+                 f_behind: float) -> None:
+        super().__init__(jobs, len(caches.stores), cores, builder_weight, f_behind)
+        self.rows, self.caches, self.setup = rows, caches, setup
+        self.est = [0.0] * len(jobs)
+        self.ready = [0.0] * len(jobs)
+        self.looks: list[Look | None] = [None] * len(jobs)
+        self.out_ms = np.zeros(self.k)
+        self.depth = np.zeros(self.k, dtype=np.int64)
+
+    def destination(self, own: bool, policy: str) -> int:
+        j, s = self.nxt, self.setup
+        row = self.rows[j]
+        req = routing_request({"user_id": row.get("user"), "candidates": row.get("items") or [],
+                               "history": row.get("history_items") or []},
+                              self.caches.tokens)
+        view = ClusterView(SetLocality([st.items for st in self.caches.stores]),
+                           s.cost.profile)
+        view.outstanding_ms[:] = self.out_ms
+        view.queue_depth[:] = self.depth
+        d = int(s.policy.choose(req, view))
+        local = float(view.locality.local_tokens(req.items, req.item_tokens)[d])
+        self.est[j] = float(s.cost.service_ms(s.cost.work(req.shape, local)))
+        self.out_ms[d] += self.est[j]
+        self.depth[d] += 1
+        self.ready[j] = self.t
+        fetch = float(s.fetch_cost.service_ms(s.fetch_cost.work(req.shape, local)))
+        if s.imports and fetch < self.est[j]:
+            for o, pairs in self.caches.import_for(row, d).items():
+                wait = self.left[o] if self.serving[o] is not None else 0.0
+                moved = sum(t for _k, t in pairs) * self.caches.kv
+                self.ready[j] = max(self.ready[j], self.t + wait + 1e3 * moved
+                                    / s.cost.profile.network_bytes_per_s)
+        return d
+
+    def start(self, d: int) -> None:
+        if self.serving[d] is None and self.queues[d]:
+            j = self.queues[d][0]
+            row, s = self.rows[j], self.setup
+            look = self.caches.look_up(row, d, s.tag)
+            items = float(row.get("item_tokens") or 0)
+            hist = float(row.get("history_tokens") or 0)
+            # the row's prompt tokens; a hit's share of them reused, the rest computed
+            ih = items * look.item_hit_tokens / max(look.item_tokens, 1e-9)
+            hh = min(hist, look.history_hit_tokens)
+            ctx = float(row.get("context_tokens") or 0)
+            computed = ctx - (1 - s.ratios[0]) * ih - (1 - s.ratios[1]) * hh
+            arr, _svc, _d, _b, f = self.jobs[j]
+            svc = (s.price(row.get("method") or "rcllm", computed, ctx)
+                   + max(0.0, self.ready[j] - self.t))
+            behind = [s.build(n) for _k, n, _b in look.built] if self.cores else []
+            self.jobs[j] = (arr, svc, d, behind, f)
+            self.looks[j] = look
+        super().start(d)
+
+    def complete(self, run: dict[int, float], brun: dict[int, float]) -> None:
+        for d in run:
+            if self.left[d] <= 1e-9:
+                j = self.serving[d]
+                self.caches.commit(d, self.looks[j])
+                self.out_ms[d] -= self.est[j]
+                self.depth[d] -= 1
+        super().complete(run, brun)
+
+
+def simulate_cached_cell(arrivals_s: list[float], rows: list[dict], caches: ClusterCaches,
+                         setup: CellSetup, busy_slowdown: float | Mapping[str, float] = 1.0,
+                         cores: float | None = None, builder_weight: float = 1.0
+                         ) -> tuple[np.ndarray, np.ndarray, list[Look]]:
+    """Predicted TTFT (ms) and service (ms) of a cell's answered requests and what each found,
+    the stores carried on from the cell before."""
+    pairs = [(a, r) for a, r in zip(arrivals_s, rows) if r["status"] == 200]
+    jobs = [(a * 1e3, 0.0, 0, [], slowdown_of(busy_slowdown, r.get("method") or "rcllm"))
+            for a, r in pairs]
+    sim = CachedCluster(jobs, [r for _a, r in pairs], caches, setup, cores, builder_weight,
+                        slowdown_of(busy_slowdown, "*"))
+    while sim.pending():
+        run, brun = sim.speeds()
+        t_next = sim.advance(run, brun)
+        sim.complete(run, brun)
+        if t_next <= sim.t and sim.nxt < len(jobs):
+            sim.arrive(sim.destination(True, setup.policy.name))
+    ttft = np.array([sim.done[i] - jobs[i][0] for i in range(len(jobs))])
+    return ttft, np.array([sim.jobs[i][1] for i in range(len(jobs))]), list(sim.looks)
+
+
+def hit_figures(looks: list[Look]) -> dict[str, float | None]:
+    """A cell's chunk hit ratio and item-token hit ratio from what its requests found."""
+    lookups = sum(lk.lookups for lk in looks)
+    items = sum(lk.item_tokens for lk in looks)
+    return {"chunk_hit_ratio": sum(lk.hits for lk in looks) / lookups if lookups else None,
+            "item_token_hit_ratio": (sum(lk.item_hit_tokens for lk in looks) / items
+                                     if items else None)}
+
+
+def measured_hits(cell: Mapping[str, Any]) -> dict[str, float | None]:
+    """The same figures as the sweep measured them (its rows' chunk counts and item tokens
+    computed on the spot)."""
+    ok = [r for r in cell["requests"] if r["status"] == 200]
+    items = sum(r.get("item_tokens", 0) for r in ok)
+    return {"chunk_hit_ratio": cell.get("chunk_hit_ratio"),
+            "item_token_hit_ratio": (1 - sum(r.get("item_miss_tokens", 0) for r in ok) / items
+                                     if items else None)}
+
+
+class CacheReplay:
+    """The sweep's cells in order on one set of simulated stores (`--routing caches`): built
+    from the placement and the warm-up once, then carried from cell to cell as served."""
+
+    def __init__(self, sweep: Mapping[str, Any], profile: SpeedProfile,
+                 price: Callable[[str, float, float], float], build: Callable[[int], float]):
+        self.sweep = sweep
+        self.router, self.router_source = router_profile(sweep, profile)
+        self.caches = ClusterCaches(sweep, self.router.model.kv_bytes_per_token)
+        self.caches.warm(sweep.get("warm_requests") or [],
+                         int((sweep.get("trace") or {}).get("requests") or 0))
+        self.price, self.build = price, build
+        w_idle = sweep.get("affinity_idle_weight")
+        self.cost = CostModel(self.router, MethodConfig())
+        self.w_idle = None if w_idle is None else float(w_idle)
+        self.fetch_cost = CostModel(self.router, MethodConfig(remote_items="fetch"))
+        self.day = 0
+
+    def cell(self, c: Mapping[str, Any], scale: float = 1.0,
+             busy_slowdown: float | Mapping[str, float] = 1.0, cores: float | None = None,
+             builder_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray, dict]:
+        """The next cell: predicted TTFT and service (ms), and its hit figures."""
+        self.day += 1                # the sweep redates its trace by a day per cell
+        setup = CellSetup(routing_policy(c["policy"], self.cost, w_idle=self.w_idle),
+                          self.cost, self.fetch_cost,
+                          lambda m, n, ctx: scale * self.price(m, n, ctx),
+                          lambda n: scale * self.build(n), series_ratios(self.sweep, c),
+                          f"day{self.day}")
+        ttft, svc, looks = simulate_cached_cell(c["arrivals_s"], c["requests"], self.caches,
+                                                setup, busy_slowdown, cores, builder_weight)
+        return ttft, svc, hit_figures(looks)

@@ -1,0 +1,130 @@
+"""`rcllm sim sweep --routing caches` (issue 51 item 4): the served sweep predicted with
+simulated stores and the router's own policies — the store's eviction, the placement and
+warm-up replay, hits, imports and the hit ratios per policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rcllm.errors import RcllmError
+from rcllm.routing import cpu_smollm2_profile
+from rcllm.sim import served, served_cache
+from rcllm.sim.served_cache import ClusterCaches, StoreSim
+
+KV = cpu_smollm2_profile().model.kv_bytes_per_token
+
+
+def test_the_store_evicts_the_least_recent_entries_by_bytes():
+    s = StoreSim(budget=300)
+    for name in ("a", "b", "c"):
+        s.put(("item", name), 100)
+    s.touch(("item", "a"))                      # b is now the least recent
+    s.put(("hist", "d1", "u", "x"), 100)
+    assert ("item", "b") not in s and s.items == {"a", "c"} and s.nbytes == 300
+    s.put(("item", "big"), 301)                 # larger than the whole store: not kept
+    assert ("item", "big") not in s and s.nbytes == 300
+
+
+def _sweep(placed, tokens, cells, budget_items=10, warm=(), redis=False):
+    return {"name": "bench.serve.sweep", "redis_tier": redis, "instances": len(placed),
+            "config": {"overrides": [f"reuse.store_bytes={budget_items * 10 * KV}"],
+                       "profile": "calibrate"},
+            "placement": {"placed": placed}, "item_tokens": tokens, "capacity_rps": 100.0,
+            "warm_requests": list(warm), "trace": {"requests": len(warm)},
+            "affinity_idle_weight": None,
+            "series": [{"name": "rcllm-0.3/0.3", "policy": c["policy"],
+                        "fields": {"method": "rcllm", "item_ratio": 0.3, "history_ratio": 0.3}}
+                       for c in cells], "cells": cells}
+
+
+def _row(items, user="u1", hist=(), instance=0):
+    n = 10 * len(items)
+    return {"status": 200, "method": "rcllm", "user": user, "items": list(items),
+            "history_items": list(hist), "history_tokens": 20 * len(hist),
+            "item_tokens": n, "context_tokens": 100 + n + 20 * len(hist),
+            "recomputed_tokens": 100, "instance": instance, "ttft_ms": 100.0,
+            "hits": 0, "lookups": len(items) + len(hist), "item_miss_tokens": 0}
+
+
+def _cell(policy, rows, gap_s=10.0):
+    return {"policy": policy, "method": "rcllm-0.3/0.3", "series": f"rcllm-0.3/0.3 @ {policy}",
+            "rate_rps": 1 / gap_s, "arrivals_s": [gap_s * i for i in range(len(rows))],
+            "requests": rows, "chunk_hit_ratio": 0.5, "ttft_p50_ms": 100.0,
+            "ttft_p99_ms": 100.0, "engine_ttft_p50_ms": 90.0}
+
+
+def test_the_placement_keeps_the_last_built_items_that_fit_and_the_warm_up_fills_the_stores():
+    tokens = {f"i{k}": 10 for k in range(8)}
+    sweep = _sweep([["i0", "i1", "i2", "i3"], ["i4", "i5"]], tokens, [], budget_items=3,
+                   warm=[_row(["i6"], instance=1), {**_row(["i7"]), "lookups": 0}])
+    caches = ClusterCaches(sweep, KV)
+    caches.warm(sweep["warm_requests"], 2)
+    assert caches.stores[0].items == {"i1", "i2", "i3"}     # i0 built first, evicted
+    # the warm-up's request went to instance 1 and left its item there; the prefix probe
+    # (no look-up) left nothing
+    assert caches.stores[1].items == {"i4", "i5", "i6"}
+    with pytest.raises(RcllmError, match="shared tier"):
+        ClusterCaches({**sweep, "redis_tier": True}, KV)
+    with pytest.raises(RcllmError, match="placement"):
+        ClusterCaches({**sweep, "placement": {}}, KV)
+
+
+def _predict(sweep):
+    profile = served.fit_profile(_fit_records())
+    return served.predict_sweep(sweep, profile, routing="caches")
+
+
+def _fit_records():
+    rng = np.random.default_rng(0)
+    out = []
+    for method in ("full", "rcllm"):
+        for _ in range(8):
+            ctx = int(rng.integers(300, 900))
+            comp = ctx if method == "full" else int(ctx * 0.3)
+            out.append({"method": method, "context_tokens": ctx, "recomputed_tokens": comp,
+                        "ttft_ms": 20 + comp + 0.1 * (ctx - comp) * (method == "rcllm")})
+    return out
+
+
+def test_hit_only_goes_where_the_items_are_and_a_miss_is_a_hit_next_time():
+    tokens = {f"a{k}": 10 for k in range(4)} | {f"b{k}": 10 for k in range(4)} | {"new": 10}
+    placed = [["a0", "a1", "a2", "a3"], ["b0", "b1", "b2", "b3"]]
+    rows = [_row(["b0", "b1"]), _row(["new", "b2"]), _row(["new", "b3"], hist=["h1"])]
+    rows_hist = [_row(["a0"], user="u9", hist=["h1", "h2"]) for _ in range(2)]
+    sweep = _sweep(placed, tokens, [_cell("hit-only", rows), _cell("hit-only", rows_hist)])
+    out, summary = _predict(sweep)
+    first, second = out
+    assert first["routing"] == "caches" and summary["router_profile"] == "fit"
+    # request 1: both items on instance 1; 2: b2 there, "new" built there; 3: both held,
+    # its history chunk missed (6 item chunks + 1 history chunk, 5 hits)
+    assert first["predicted_chunk_hit_ratio"] == pytest.approx(5 / 7)
+    assert first["predicted_item_token_hit_ratio"] == pytest.approx(5 / 6)
+    # the next cell redates the histories: the same user's chunks miss once, then hit
+    assert second["predicted_chunk_hit_ratio"] == pytest.approx(4 / 6)
+
+
+def test_an_item_held_elsewhere_is_imported_and_waits_for_its_owner():
+    tokens = {"a": 10, "b": 10}
+    placed = [["a"], ["b"]]
+    # round-robin sends the second request to instance 1 while instance 0 serves the first:
+    # "a" is imported from instance 0 once its request ends
+    rows = [_row(["a"]), _row(["a"])]
+    sweep = _sweep(placed, tokens, [_cell("round-robin", rows, gap_s=0.001)])
+    (row,), _ = _predict(sweep)
+    assert row["predicted_chunk_hit_ratio"] == 1.0
+    replay = served_cache.CacheReplay(sweep, served.fit_profile(_fit_records()),
+                                      lambda m, n, ctx: 100.0, lambda n: 0.0)
+    ttft, svc, hits = replay.cell(sweep["cells"][0])
+    assert hits["chunk_hit_ratio"] == 1.0
+    # the import waited for the owner's 100 ms: the second request (sent at 1 ms) ends at
+    # 200 ms
+    assert ttft.tolist() == pytest.approx([100.0, 199.0], abs=0.1)   # + the transfer
+    assert "a" in replay.caches.stores[1].items
+
+
+def test_measured_service_cannot_go_with_simulated_caches():
+    sweep = _sweep([["a"], ["b"]], {"a": 10, "b": 10}, [_cell("affinity", [_row(["a"])])])
+    with pytest.raises(RcllmError, match="caches"):
+        served.predict_sweep(sweep, served.fit_profile(_fit_records()), routing="caches",
+                             service="measured")
