@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 
 from ..errors import RcllmError
@@ -42,24 +43,44 @@ def _workload(args):
         raise RcllmError("--candidate-source retrieval needs a real trace (--data/--format); "
                          "synthetic requests draw candidates from their community")
     return synthetic_workload(SyntheticSpec(num_items=args.items, num_requests=args.requests,
-                                            seed=args.seed))
+                                            seed=args.seed, zipf_alpha=args.zipf_alpha))
+
+
+def _zipf(args) -> None:
+    """`--zipf-from`: the synthetic catalogue's popularity exponent fitted on a real one."""
+    if not getattr(args, "zipf_from", ""):
+        return
+    if args.data or args.format:
+        raise RcllmError("--zipf-from shapes the synthetic catalogue; a real trace "
+                         "(--data/--format) has its own popularity")
+    from ..sim.traces import popularity_of
+
+    fitted = popularity_of(args.zipf_from)
+    args.zipf_alpha = fitted["alpha"]
+    print(f"popularity: {json.dumps(fitted)}")
 
 
 def _run(args) -> int:
     from ..sim import experiments as ex
     from ..sim.plots import plot
+    _zipf(args)
     wl = _workload(args)
     placement = args.placement or ("metis" if wl.community is None else "community")
     sc = ex.Scenario(profile=args.profile, placement=placement, load=args.load, seed=args.seed,
                      item_ratio=args.item_ratio, history_ratio=args.history_ratio,
                      hot_fraction=args.hot_fraction)
-    funcs = {"cdf": ex.cdf_experiment, "scaling": ex.scaling_experiment,
-             "policy": ex.policy_experiment, "ratio": ex.ratio_experiment}
+    ks = _instance_counts(args.ks)
+    funcs = {"cdf": ex.cdf_experiment,
+             "scaling": lambda w, s: ex.scaling_experiment(w, s, ks),
+             "policy": lambda w, s: ex.policy_experiment(w, s, args.policy_instances),
+             "ratio": ex.ratio_experiment}
     os.makedirs(args.out, exist_ok=True)
     for name in EXPERIMENTS if args.experiment == "all" else (args.experiment,):
         rows, series = funcs[name](wl, sc)
         config = {**dataclasses.asdict(sc), "workload": wl.name, "requests": wl.num_requests,
-                  "candidate_source": args.candidate_source}
+                  "candidate_source": args.candidate_source,
+                  "zipf_alpha": None if args.data or args.format else args.zipf_alpha,
+                  "zipf_from": args.zipf_from or None}
         summary = {"series": {k: {"x": v[0], "y": v[1]} for k, v in series.items()},
                    "retrieval_recall": wl.retrieval_recall}
         base = os.path.join(args.out, f"sim_{name}")
@@ -70,6 +91,16 @@ def _run(args) -> int:
             fh.write(f"# sim {name}: {wl.name}, {sc.profile}, placement {placement}\n\n{table}\n")
         print(f"## {name}\n{table}\n(wrote {base}.json/.png/.md)\n")
     return 0
+
+
+def _instance_counts(spec: str) -> list[int]:
+    try:
+        ks = [int(k) for k in spec.split(",") if k.strip()]
+    except ValueError:
+        raise RcllmError(f"--ks {spec!r}: comma-separated instance counts") from None
+    if not ks or min(ks) < 1:
+        raise RcllmError(f"--ks {spec!r}: instance counts must be >= 1")
+    return ks
 
 
 def _load_runs(paths: str, min_repeats: int) -> list[dict]:
@@ -246,6 +277,14 @@ def _run_parser(sub) -> None:
                      default="popularity",
                      help="real traces: popularity-sampled negatives (default) or the item-kNN "
                           "retriever's shortlist")
+    run.add_argument("--zipf-alpha", type=float, default=1.0,
+                     help="synthetic catalogue: item k drawn with weight 1/k^alpha (default 1)")
+    run.add_argument("--zipf-from", default="", metavar="PATH:FORMAT[:CATEGORY]",
+                     help="synthetic catalogue: alpha fitted on a real catalogue's long tail")
+    run.add_argument("--ks", default="1,2,5,10,20,40,70,100",
+                     help="scaling: the instance counts (comma-separated)")
+    run.add_argument("--policy-instances", type=int, default=10,
+                     help="policy: the instance count (default 10)")
     run.add_argument("--seed", type=int, default=0)
     run.set_defaults(func=_run)
 

@@ -58,3 +58,34 @@ def trace_workload(path: str, fmt: str, num_requests: int = 20_000, seed: int = 
                     prefix_tokens=prefix_tokens, fresh_tokens=fresh_tokens,
                     placement_requests=cands, community=None,
                     retrieval_recall=retrieval_recall(cases))
+
+
+def zipf_alpha(counts: np.ndarray) -> float:
+    """The exponent of a Zipf law fitted to item interaction counts: least squares of log
+    count on log rank over the items seen at least twice (the singletons' flat tail says
+    nothing of the slope). The synthetic catalogue draws item k with weight 1 / k^alpha."""
+    c = np.sort(np.asarray(counts, float))[::-1]
+    c = c[c >= 2]
+    if len(c) < 3:
+        raise RcllmError("too few items seen twice to fit a popularity exponent")
+    slope = np.polyfit(np.log(np.arange(1, len(c) + 1)), np.log(c), 1)[0]
+    return float(max(1e-3, -slope))
+
+
+def popularity_of(spec: str) -> dict:
+    """`PATH:FORMAT[:CATEGORY]` → the dataset's fitted Zipf exponent (`zipf_alpha` over each
+    item's interactions in every user's history), its items and interactions."""
+    from rcllm.eval.datasets import load_dataset
+
+    path, _, rest = spec.partition(":")
+    fmt, _, category = rest.partition(":")
+    if not path or not fmt:
+        raise RcllmError(f"--zipf-from {spec!r}: use PATH:FORMAT[:CATEGORY]")
+    ds = load_dataset(path, fmt, **({"category": category} if category else {}))
+    counts: dict = {}
+    for hist in ds.users.values():
+        for h in hist:
+            counts[h.item_id] = counts.get(h.item_id, 0) + 1
+    values = np.array(list(counts.values()))
+    return {"source": spec, "alpha": zipf_alpha(values), "items": len(values),
+            "interactions": int(values.sum())}
