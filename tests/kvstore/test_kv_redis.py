@@ -1,8 +1,11 @@
 import time
+
+import pytest
 from pathlib import Path
 
 from kv_helpers import make_entry, same
 
+from rcllm.errors import RcllmError
 from rcllm.kvstore.base import ChunkKV, MemoryLRUStore
 from rcllm.kvstore.codec import encode_checked
 from rcllm.kvstore.redis_server import free_port
@@ -113,3 +116,24 @@ def test_a_sigkilled_parent_takes_its_redis_server_with_it(redis_server):
         time.sleep(0.05)
     os.kill(server_pid, signal.SIGKILL)
     raise AssertionError("the redis server outlived its SIGKILLed parent")
+
+
+def test_a_capped_server_evicts_the_least_recent_entries(check):
+    from rcllm.kvstore.redis_server import RedisServer
+
+    key0, kv0 = make_entry(0, num_tokens=512)
+    size = len(encode_checked(key0, kv0, "raw", check))     # ~100 kB
+    # the server's own ~1 MB and room for about ten entries: forty written, the oldest go
+    with RedisServer(max_bytes=2_000_000 + 4 * size) as srv:
+        store = RedisStore(port=srv.port, check=check)
+        keys = []
+        for i in range(40):
+            key, kv = make_entry(i, num_tokens=512)
+            store.put(key, kv)
+            keys.append(key)
+        held = [k for k in keys if store.contains(k)]
+        assert 0 < len(held) < len(keys)
+        assert store.contains(keys[-1])            # the newest survives
+        store.close()
+    with pytest.raises(RcllmError, match="positive"):
+        RedisServer(max_bytes=0)

@@ -106,6 +106,9 @@ def _sweep_options(p) -> None:
                         "moves between instances through Ray's object store), so with an item "
                         "budget below the catalog's KV (--set reuse.store_bytes=B) the "
                         "instances hold different items")
+    g.add_argument("--redis-max-bytes", type=int, default=None, metavar="B",
+                   help="cap the sweep's private Redis at B bytes (least recently used keys "
+                        "evicted past it): a shared tier that holds less than the catalog")
     g.add_argument("--profile", default="calibrate", metavar="calibrate|builtin|PATH",
                    help="the router's speed profile (its cost model: affinity's derived weight, "
                         "the cost policy, the misses' TTFT): calibrate = fitted at start on "

@@ -67,9 +67,15 @@ class RedisServer:
     start() waits (≤ start_timeout_s) until the server answers PING; stop() kills it (SIGKILL
     by default, which is what a crash looks like to clients)."""
 
-    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0):
+    def __init__(self, port: int | None = None, start_timeout_s: float = 10.0,
+                 max_bytes: int | None = None):
+        if max_bytes is not None and max_bytes < 1:
+            raise RcllmError("the Redis memory cap must be a positive number of bytes")
         self.port = port or free_port()
         self.start_timeout_s = start_timeout_s
+        # a cap: past it the server evicts the least recently used keys (allkeys-lru), so the
+        # shared tier holds less than the catalog; None: no cap
+        self.max_bytes = max_bytes
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "RedisServer":
@@ -79,7 +85,9 @@ class RedisServer:
                               "redis-server, or set RCLLM_REDIS_SERVER to a binary")
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "yes"],
+             "--appendonly", "no", "--protected-mode", "yes",
+             *(["--maxmemory", str(int(self.max_bytes)), "--maxmemory-policy", "allkeys-lru"]
+               if self.max_bytes else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=self._watch())
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:

@@ -157,13 +157,17 @@ def run_sweep(args) -> int:
     series = series_of(args.methods, args.policies, bool(args.adapter))
     rates = parse_rates(args.rates)
     profile = _router_profile(args)        # a bad --profile file is refused before anything
+    cap = getattr(args, "redis_max_bytes", None)
+    if cap is not None and (getattr(args, "no_redis", False) or cap < 1):
+        raise RcllmError("--redis-max-bytes caps the sweep's Redis tier with a positive number "
+                         "of bytes: not with --no-redis")
     os.makedirs(args.out, exist_ok=True)
     t_start = time.perf_counter()
     trace = review_trace(load_data(args), args.requests, args.candidates, seed=args.seed,
                          window=getattr(args, "trace_window", "users"),
                          session_gap_s=getattr(args, "trace_session_gap_s", 0.0))
     print(f"trace: {json.dumps(trace.summary())}", flush=True)
-    redis = None if getattr(args, "no_redis", False) else RedisServer().start()
+    redis = None if getattr(args, "no_redis", False) else RedisServer(max_bytes=cap).start()
     try:
         spec = _engine_spec(args, redis)
         run = _serve_cells(spec, args, trace, series, rates, profile)
