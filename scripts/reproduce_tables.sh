@@ -21,6 +21,12 @@
 #   serve-sweep    serving.md rate sweep (bench serve --sweep, SmolLM2, Magazine) (~24 min)
 #   sim-sweep      simulator.md served sweep prediction: bench ttft fit + sim sweep (~3 min;
 #                  needs serve-sweep's output, and serve-calib's for its served-F row)
+#   regime-calib   serving.md issue-51 regime: the router's calibration run on MovieLens
+#                  (rcllm serve --save-profile, stopped once serving)           (~3 min)
+#   regime-sweep   serving.md issue-51 regime: the 1/4-budget sweeps, METIS and random
+#                  placement, 100 requests per cell (needs regime-calib's profile) (~80 min)
+#   sim-regime     simulator.md cache replay of regime-sweep's sweeps (bench ttft fit + sim
+#                  sweep --routing caches) and the long-tail projection at 4/10/40 (~6 min)
 # Environment: PY (default: python3), DATA (default ../shared/data/amazon2018 from the repo
 # root), ADAPTER (serve-targets; the stage is skipped, saying so, without it), SWEEP_REQUESTS,
 # SWEEP_RATES (serve-sweep's size; defaults: 30 requests per cell, 0.4x,0.7x,1.0x,1.3x,1.6x,2.0x).
@@ -37,7 +43,8 @@ DATA=$(realpath "${DATA:-../shared/data/amazon2018}")
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(sim-profiles sim-bench sim-run sim-amazon sim-projection shapes-tiny
-                                   sim-validate serve-scaling serve-targets serve-calib serve-sweep sim-sweep)
+                                   sim-validate serve-scaling serve-targets serve-calib serve-sweep sim-sweep
+                                   regime-calib regime-sweep sim-regime)
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 rcllm() { "$PY" -m rcllm.cli "$@"; }
@@ -173,6 +180,41 @@ stage_sim_sweep() {
   else
     echo "no $OUT/serve-calib/calib/sweep.json: run the serve-calib stage for the served-F row"
   fi
+}
+
+ML=(--data "$(realpath "${ML_DATA:-../shared/data/movielens-100k}")" --format movielens)
+QUARTER=562464000     # 1/4 of MovieLens' item KV under the default prompt (docs/serving.md)
+stage_regime_calib() {
+  # the router's profile from a run apart from the sweeps: start, wait until it serves, stop
+  rcllm serve --instances 2 "${ML[@]}" --set model.threads=1 --set reuse.store_bytes=$QUARTER \
+      --save-profile profile.json > serve.log 2>&1 &
+  local pid=$!
+  until grep -q "rcllm serving on" serve.log || ! kill -0 $pid 2>/dev/null; do sleep 5; done
+  kill -INT $pid; wait $pid || true
+  test -s profile.json
+}
+stage_regime_sweep() {
+  for placement in metis random; do
+    rcllm bench serve --sweep "${ML[@]}" --no-redis --instances 2 --set model.threads=1 \
+        --set reuse.store_bytes=$QUARTER --placement $placement --placement-seed 0 --seed 0 \
+        --profile "$OUT/regime-calib/profile.json" --methods rcllm:0.3:0.3 \
+        --policies affinity,cost,hit-only,load-only,round-robin --trace-window users \
+        --trace-session-gap-s 1800 --requests 100 --rates 0.7x,1.0x,1.3x --queue-size 8 \
+        --slo-ms 5000 --out $placement
+  done
+}
+stage_sim_regime() {
+  rcllm bench ttft "${ML[@]}" --requests 6 --seed 1 --set model.threads=1 --json ttft_fit.json
+  for placement in metis random; do
+    rcllm sim sweep --sweep-json "$OUT/regime-sweep/$placement/sweep.json" \
+        --fit-json ttft_fit.json --routing caches --out caches-$placement
+  done
+  for k in 4 10 40; do
+    rcllm sim run policy --zipf-from "${ML[1]}:movielens" --policy-instances $k \
+        --requests 20000 --out projection-$k
+  done
+  rcllm sim run scaling --zipf-from "${ML[1]}:movielens" --ks 4,10,40 --requests 20000 \
+      --out projection-scaling
 }
 
 for s in "${STAGES[@]}"; do
