@@ -128,3 +128,37 @@ def test_measured_service_cannot_go_with_simulated_caches():
     with pytest.raises(RcllmError, match="caches"):
         served.predict_sweep(sweep, served.fit_profile(_fit_records()), routing="caches",
                              service="measured")
+
+
+def test_the_cli_replays_the_caches_and_asks_what_another_budget_would_find(tmp_path):
+    import argparse
+    import json
+
+    from rcllm.commands.sim import register
+
+    tokens = {f"i{k}": 10 for k in range(6)}
+    # six items placed three per store, each store room for six; every request asks for all
+    rows = [_row([f"i{k}" for k in range(6)]) for _ in range(4)]
+    sweep = _sweep([["i0", "i1", "i2"], ["i3", "i4", "i5"]], tokens,
+                   [_cell("affinity", rows)], budget_items=6)
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    (tmp_path / "fit.json").write_text(json.dumps({"requests": _fit_records()}))
+    top = argparse.ArgumentParser()
+    register(top.add_subparsers(), argparse.ArgumentParser().add_subparsers())
+    base = ["sim", "sweep", "--sweep-json", str(tmp_path / "sweep.json"), "--fit-json",
+            str(tmp_path / "fit.json"), "--routing", "caches"]
+
+    def hit(*extra):
+        args = top.parse_args(base + ["--out", str(tmp_path / "o")] + list(extra))
+        assert args.func(args) == 0
+        report = json.loads((tmp_path / "o" / "sim_sweep.json").read_text())
+        assert "predicted_chunk_hit_ratio" in (tmp_path / "o" / "sim_sweep.md").read_text()
+        return report["rows"][0]["predicted_chunk_hit_ratio"]
+
+    # at the sweep's budget the other store's three items are imported: every chunk hits;
+    # at a budget of two items each, a request finds at most two
+    assert hit() == 1.0
+    assert hit("--store-bytes", str(2 * 10 * KV)) < 1.0
+    with pytest.raises(RcllmError, match="--store-bytes"):
+        args = top.parse_args(base[:-2] + ["--store-bytes", "5", "--out", str(tmp_path / "p")])
+        args.func(args)

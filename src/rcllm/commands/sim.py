@@ -156,6 +156,15 @@ def _sweep(args) -> int:
         raise RcllmError("--served-weight measures the builders' weight on the --served-from "
                          "run: give --served-from")
     sweep = load_sweep(args.sweep_json)
+    if args.store_bytes is not None:
+        if args.routing != "caches" or args.store_bytes < 1:
+            raise RcllmError("--store-bytes (a positive budget) asks --routing caches what the "
+                             "sweep would have found at another store budget")
+        # what if: the stores replayed at another budget (the measured columns stay the
+        # sweep's own, at its budget)
+        sweep["config"] = {**(sweep.get("config") or {}), "overrides": [
+            *((sweep.get("config") or {}).get("overrides") or ()),
+            f"reuse.store_bytes={args.store_bytes}"]}
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
     fit_paths = [p for p in args.fit_json.split(",") if p]
     builds, reference = load_fit_extras(fit_paths)
@@ -175,7 +184,8 @@ def _sweep(args) -> int:
                    "served_from": args.served_from, "served_weight": weight,
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
                    "behind": not args.no_behind, "behind_cost": cost,
-                   "fit_reference_ms": reference, "service": args.service})
+                   "fit_reference_ms": reference, "service": args.service,
+                   "store_bytes": args.store_bytes})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
@@ -321,6 +331,9 @@ def _sweep_parser(sub) -> None:
                          "and round-robin (policy; the others replayed); or simulate every "
                          "policy on simulated stores, hits and imports included (caches: a "
                          "sweep without the shared tier; it predicts the hit ratios too)")
+    sw.add_argument("--store-bytes", type=int, default=None, metavar="B",
+                    help="with --routing caches: replay the stores at budget B instead of the "
+                         "sweep's (a what-if: the measured columns stay the sweep's)")
     sw.add_argument("--overhead-ms", type=float, default=0.0,
                     help="HTTP + router time added to every request (default 0)")
     sw.add_argument("--busy-slowdown", type=float, default=1.0, metavar="F",
