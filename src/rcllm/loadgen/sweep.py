@@ -187,7 +187,9 @@ def run_sweep(args) -> int:
               "wall_s": time.perf_counter() - t_start, "cells": run["cells"],
               # what the simulator replays the caches from (sim/served_cache.py): each item's
               # chunk tokens and the warm-up's requests in the order they were answered
-              "item_tokens": run["item_tokens"], "warm_requests": run["warm_requests"]}
+              "item_tokens": run["item_tokens"], "warm_requests": run["warm_requests"],
+              # the instances' memory for review chunks, apart from the item budget
+              "history_bytes": spec.history_bytes}
     write_outputs(report, args.out)
     print(f"sweep: {len(run['cells'])} cells in {report['wall_s']:.0f} s; outputs in {args.out}")
     return 0

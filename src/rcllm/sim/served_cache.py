@@ -8,11 +8,13 @@ candidates, reviewed history items and token counts. Nothing of what the caches 
 did is read, except to compare.
 
 Model, per instance (a sweep without a shared tier; one with Redis is refused):
-- a chunk store: least-recently-used by bytes under the sweep's `reuse.store_bytes`, holding
-  item chunks (an item's tokens × the model's KV bytes per token) and history chunks (a user's
-  review of an item, dated per cell as the sweep redates its trace; the row's history tokens
-  split evenly over its chunks). It starts as the placement built it (items in build order,
-  the store keeping the last ones that fit), then takes the warm-up's requests where they went.
+- two chunk stores, each least-recently-used by bytes (`launch.make_stored_engine` splits the
+  memory so): item chunks (an item's tokens × the model's KV bytes per token) under the sweep's
+  `reuse.store_bytes`, and history chunks (a user's review of an item, dated per cell as the
+  sweep redates its trace; the row's history tokens split evenly over its chunks) under its
+  `history_bytes` (serve's 1 GiB in sweeps that did not record it). The item store starts as
+  the placement built it (items in build order, the store keeping the last ones that fit);
+  then both take the warm-up's requests where they went.
 - the router: the sweep's policy object (`routing.policies`) on the router's own cost model
   (the profile the sweep was routed with, a separate calibration run, when its file is
   there), reading each store's items and the estimates of the work it sent and was not yet
@@ -48,6 +50,9 @@ from ..routing.profiles import SpeedProfile, load_profile
 from ..routing.requests import routing_request
 from .served_cluster import ServedCluster
 from .slowdown import slowdown_of
+
+
+HISTORY_BYTES = 1 << 30     # serve's memory for review chunks (`EngineSpec.history_bytes`)
 
 
 class StoreSim:
@@ -113,6 +118,8 @@ class ClusterCaches:
         self.kv = int(kv_bytes_per_token)
         budget = store_budget(sweep)
         self.stores = [StoreSim(budget) for _ in placed]
+        self.history = [StoreSim(int(sweep.get("history_bytes") or HISTORY_BYTES))
+                        for _ in placed]
         for store, items in zip(self.stores, placed):
             for item in items:
                 store.put(("item", str(item)), self.tokens.get(str(item), 0) * self.kv)
@@ -144,10 +151,14 @@ class ClusterCaches:
                 self.stores[dest].put(key, int(tokens * self.kv))
         return by_owner
 
+    def store_of(self, key: tuple, dest: int) -> StoreSim:
+        return (self.stores if key[0] == "item" else self.history)[dest]
+
     def look_up(self, row: Mapping[str, Any], dest: int, tag: str) -> Look:
         """What `row` finds at `dest` (a hit is refreshed now; a miss is built behind)."""
-        look, store = Look(), self.stores[dest]
+        look = Look()
         for key, tokens in self.chunks(row, tag):
+            store = self.store_of(key, dest)
             look.lookups += 1
             is_item = key[0] == "item"
             look.item_tokens += tokens if is_item else 0
@@ -163,7 +174,7 @@ class ClusterCaches:
     def commit(self, dest: int, look: Look) -> None:
         """The chunks built behind an answer enter its store."""
         for key, _tokens, nbytes in look.built:
-            self.stores[dest].put(key, nbytes)
+            self.store_of(key, dest).put(key, nbytes)
 
     def warm(self, rows: list[Mapping[str, Any]], trace_requests: int) -> None:
         """The warm-up's requests, in the order answered, where they went: the trace as is,
