@@ -162,3 +162,13 @@ def test_the_cli_replays_the_caches_and_asks_what_another_budget_would_find(tmp_
     with pytest.raises(RcllmError, match="--store-bytes"):
         args = top.parse_args(base[:-2] + ["--store-bytes", "5", "--out", str(tmp_path / "p")])
         args.func(args)
+
+
+def test_review_chunks_have_their_own_budget_and_never_push_items_out():
+    tokens = {f"i{k}": 10 for k in range(3)}
+    sweep = {**_sweep([["i0", "i1", "i2"], []], tokens, [], budget_items=3),
+             "history_bytes": 2 * 20 * KV}           # room for two review chunks
+    caches = ClusterCaches(sweep, KV)
+    caches.warm([_row(["i0"], hist=[f"h{k}" for k in range(5)])], 1)
+    assert caches.stores[0].items == {"i0", "i1", "i2"}
+    assert len(caches.history[0].entries) == 2        # the last two of the five reviews
