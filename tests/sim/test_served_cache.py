@@ -116,7 +116,7 @@ def test_an_item_held_elsewhere_is_imported_and_waits_for_its_owner():
     replay = served_cache.CacheReplay(sweep, served.fit_profile(_fit_records()),
                                       lambda m, n, ctx: 100.0, lambda n: 0.0)
     ttft, svc, hits = replay.cell(sweep["cells"][0])
-    assert hits["chunk_hit_ratio"] == 1.0
+    assert hits["chunk_hit_ratio"] == 1.0 and hits["kv_imported_items"] == 1
     # the import waited for the owner's 100 ms: the second request (sent at 1 ms) ends at
     # 200 ms
     assert ttft.tolist() == pytest.approx([100.0, 199.0], abs=0.1)   # + the transfer

@@ -352,7 +352,9 @@ def _hit_fields(c: dict[str, Any], hits: dict | None) -> dict[str, Any]:
     return {"measured_chunk_hit_ratio": got, "predicted_chunk_hit_ratio": pred,
             "chunk_hit_err": None if pred is None or got is None else abs(pred - got),
             "measured_item_token_hit_ratio": meas["item_token_hit_ratio"],
-            "predicted_item_token_hit_ratio": hits.get("item_token_hit_ratio")}
+            "predicted_item_token_hit_ratio": hits.get("item_token_hit_ratio"),
+            "measured_kv_imported_items": meas["kv_imported_items"],
+            "predicted_kv_imported_items": hits.get("kv_imported_items")}
 
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:

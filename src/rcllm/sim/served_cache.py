@@ -123,7 +123,6 @@ class ClusterCaches:
         for store, items in zip(self.stores, placed):
             for item in items:
                 store.put(("item", str(item)), self.tokens.get(str(item), 0) * self.kv)
-        self.placed_kept = [len(s.items) for s in self.stores]
 
     def chunks(self, row: Mapping[str, Any], tag: str) -> list[tuple[tuple, int]]:
         """The request's chunks with their tokens: its candidates', then its history's."""
@@ -243,6 +242,7 @@ class CachedCluster(ServedCluster):
         self.est = [0.0] * len(jobs)
         self.ready = [0.0] * len(jobs)
         self.looks: list[Look | None] = [None] * len(jobs)
+        self.imported = [0] * len(jobs)
         self.out_ms = np.zeros(self.k)
         self.depth = np.zeros(self.k, dtype=np.int64)
 
@@ -264,7 +264,9 @@ class CachedCluster(ServedCluster):
         self.ready[j] = self.t
         fetch = float(s.fetch_cost.service_ms(s.fetch_cost.work(req.shape, local)))
         if s.imports and fetch < self.est[j]:
-            for o, pairs in self.caches.import_for(row, d).items():
+            moves = self.caches.import_for(row, d)
+            self.imported[j] = sum(len(p) for p in moves.values())
+            for o, pairs in moves.items():
                 wait = self.left[o] if self.serving[o] is not None else 0.0
                 moved = sum(t for _k, t in pairs) * self.caches.kv
                 self.ready[j] = max(self.ready[j], self.t + wait + 1e3 * moved
@@ -288,6 +290,7 @@ class CachedCluster(ServedCluster):
                    + max(0.0, self.ready[j] - self.t))
             behind = [s.build(n) for _k, n, _b in look.built] if self.cores else []
             self.jobs[j] = (arr, svc, d, behind, f)
+            look.imported = self.imported[j]
             self.looks[j] = look
         super().start(d)
 
@@ -328,7 +331,8 @@ def hit_figures(looks: list[Look]) -> dict[str, float | None]:
     items = sum(lk.item_tokens for lk in looks)
     return {"chunk_hit_ratio": sum(lk.hits for lk in looks) / lookups if lookups else None,
             "item_token_hit_ratio": (sum(lk.item_hit_tokens for lk in looks) / items
-                                     if items else None)}
+                                     if items else None),
+            "kv_imported_items": sum(lk.imported for lk in looks)}
 
 
 def measured_hits(cell: Mapping[str, Any]) -> dict[str, float | None]:
@@ -338,7 +342,8 @@ def measured_hits(cell: Mapping[str, Any]) -> dict[str, float | None]:
     items = sum(r.get("item_tokens", 0) for r in ok)
     return {"chunk_hit_ratio": cell.get("chunk_hit_ratio"),
             "item_token_hit_ratio": (1 - sum(r.get("item_miss_tokens", 0) for r in ok) / items
-                                     if items else None)}
+                                     if items else None),
+            "kv_imported_items": cell.get("kv_imported_items")}
 
 
 class CacheReplay:

@@ -14,7 +14,8 @@ COLUMNS = ("rate_rps", "series", "below_capacity", "routing", "measured_p50_ms",
            "predicted_service_p50_ms", "behind_ms_per_request", "speed_scale")
 # with --routing caches, the hit ratios beside them
 HIT_COLUMNS = ("measured_chunk_hit_ratio", "predicted_chunk_hit_ratio", "chunk_hit_err",
-               "measured_item_token_hit_ratio", "predicted_item_token_hit_ratio")
+               "measured_item_token_hit_ratio", "predicted_item_token_hit_ratio",
+               "measured_kv_imported_items", "predicted_kv_imported_items")
 
 
 def write_outputs(sweep: dict, rows: list[dict], summary: dict, profile: SpeedProfile,
