@@ -17,8 +17,10 @@ Model, per instance (a sweep without a shared tier; one with Redis is refused):
   then both take the warm-up's requests where they went.
 - the router: the sweep's policy object (`routing.policies`) on the router's own cost model
   (the profile the sweep was routed with, a separate calibration run, when its file is
-  there), reading each store's items and the estimates of the work it sent and was not yet
-  answered, as `serve/views.LiveInstance` keeps them.
+  there), reading its own picture of each instance's items and the estimates of the work it
+  sent and was not yet answered, as `serve/views.LiveInstance` keeps them: the picture is
+  what the store kept of the placement, then at each answer what the store holds and the
+  request's candidates, stale in between (imports and evictions land unseen until then).
 - imports: without a shared tier the router has items a chosen instance lacks and another
   holds exported by the owner and stored at the chosen one before it ranks (`serve/router.py
   _imports`), when the cost model prices fetching below recomputing. The export waits for the
@@ -30,14 +32,13 @@ Model, per instance (a sweep without a shared tier; one with Redis is refused):
   a built chunk is the most recent in its store once the answer is out. The event loop, the
   core sharing and the busy slowdown are `served_cluster.ServedCluster`'s.
 
-What it leaves out: the router's picture lags the stores by one answer (it learns an eviction
-from the next answer); the engine's chunk look-up order within a request; Ray's queueing.
+What it leaves out: the engine's chunk look-up order within a request; Ray's queueing.
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -123,6 +124,9 @@ class ClusterCaches:
         for store, items in zip(self.stores, placed):
             for item in items:
                 store.put(("item", str(item)), self.tokens.get(str(item), 0) * self.kv)
+        # what the router counts each instance holding (`serve/views.LiveInstance.cached`):
+        # what its store kept of the placement, then updated at each answer (`answered`)
+        self.views = [set(st.items) for st in self.stores]
 
     def chunks(self, row: Mapping[str, Any], tag: str) -> list[tuple[tuple, int]]:
         """The request's chunks with their tokens: its candidates', then its history's."""
@@ -132,18 +136,25 @@ class ClusterCaches:
         out += [(("hist", tag, str(row.get("user")), str(h)), per) for h in hist]
         return out
 
-    def owner(self, key: tuple, here: int) -> int | None:
-        return next((k for k, s in enumerate(self.stores) if k != here and key in s), None)
+    def owner(self, item: str, here: int) -> int | None:
+        """The first other instance the router believes holds `item`."""
+        return next((k for k, v in enumerate(self.views) if k != here and item in v), None)
+
+    def answered(self, dest: int, row: Mapping[str, Any]) -> None:
+        """The router's picture of `dest` after its answer: what its store holds (the answer
+        reports the items it lost) and the request's candidates (built behind the answer)."""
+        self.views[dest] = set(self.stores[dest].items) | {str(i) for i in row.get("items") or ()}
 
     def import_for(self, row: Mapping[str, Any], dest: int) -> dict[int, list[tuple]]:
-        """The items `dest` lacks that another store holds, by owner (the router's choice:
-        the first other instance holding it), stored at `dest` now."""
+        """The items the router believes `dest` lacks and another instance holds, by owner
+        (the first such), stored at `dest` now: those the owner's store still holds (an
+        export of an item it evicted sends nothing)."""
         by_owner: dict[int, list[tuple]] = {}
         for key, tokens in self.chunks(row, "")[:len(row.get("items") or ())]:
-            if key in self.stores[dest]:
+            if key[1] in self.views[dest]:
                 continue
-            o = self.owner(key, dest)
-            if o is not None:
+            o = self.owner(key[1], dest)
+            if o is not None and key in self.stores[o]:
                 by_owner.setdefault(o, []).append((key, tokens))
         for pairs in by_owner.values():
             for key, tokens in pairs:
@@ -170,9 +181,9 @@ class ClusterCaches:
                 look.built.append((key, int(round(tokens)), int(tokens * self.kv)))
         return look
 
-    def commit(self, dest: int, look: Look) -> None:
-        """The chunks built behind an answer enter its store."""
-        for key, _tokens, nbytes in look.built:
+    def put_chunks(self, dest: int, built: list[tuple[tuple, int, int]]) -> None:
+        """Chunks built behind an answer enter the store of `dest`."""
+        for key, _tokens, nbytes in built:
             self.store_of(key, dest).put(key, nbytes)
 
     def warm(self, rows: list[Mapping[str, Any]], trace_requests: int) -> None:
@@ -183,7 +194,9 @@ class ClusterCaches:
             if row.get("status") != 200 or not row.get("lookups") or row.get("instance") is None:
                 continue
             dest = int(row["instance"]) % len(self.stores)
-            self.commit(dest, self.look_up(row, dest, "warm" if n < trace_requests else "-1"))
+            self.put_chunks(dest, self.look_up(row, dest,
+                                               "warm" if n < trace_requests else "-1").built)
+            self.answered(dest, row)
 
 
 def store_budget(sweep: Mapping[str, Any]) -> int:
@@ -243,6 +256,9 @@ class CachedCluster(ServedCluster):
         self.ready = [0.0] * len(jobs)
         self.looks: list[Look | None] = [None] * len(jobs)
         self.imported = [0] * len(jobs)
+        self.payload: list[list] = [[] for _ in jobs]      # each behind job's chunks
+        self.pending_chunks: list[deque] = [deque() for _ in range(self.k)]
+        self.bchunks: list[list] = [[] for _ in range(self.k)]
         self.out_ms = np.zeros(self.k)
         self.depth = np.zeros(self.k, dtype=np.int64)
 
@@ -252,7 +268,7 @@ class CachedCluster(ServedCluster):
         req = routing_request({"user_id": row.get("user"), "candidates": row.get("items") or [],
                                "history": row.get("history_items") or []},
                               self.caches.tokens)
-        view = ClusterView(SetLocality([st.items for st in self.caches.stores]),
+        view = ClusterView(SetLocality(self.caches.views),
                            s.cost.profile)
         view.outstanding_ms[:] = self.out_ms
         view.queue_depth[:] = self.depth
@@ -288,17 +304,34 @@ class CachedCluster(ServedCluster):
             arr, _svc, _d, _b, f = self.jobs[j]
             svc = (s.price(row.get("method") or "rcllm", computed, ctx)
                    + max(0.0, self.ready[j] - self.t))
-            behind = [s.build(n) for _k, n, _b in look.built] if self.cores else []
+            # the misses are built behind the answer, one job per chunk kind (the engine builds
+            # a kind's misses in one pass); they enter the store when their job ends
+            jobs = [[b for b in look.built if (b[0][0] == "item") == is_item]
+                    for is_item in (True, False)] if self.cores else []
+            self.payload[j] = [chunks for chunks in jobs if chunks]
+            behind = [s.build(sum(n for _k, n, _b in chunks)) for chunks in self.payload[j]]
             self.jobs[j] = (arr, svc, d, behind, f)
             look.imported = self.imported[j]
             self.looks[j] = look
         super().start(d)
 
+    def start_behind(self, d: int) -> None:
+        if not self.building[d] and self.behind[d]:
+            self.bchunks[d] = self.pending_chunks[d].popleft()
+        super().start_behind(d)
+
     def complete(self, run: dict[int, float], brun: dict[int, float]) -> None:
+        for d in brun:
+            if self.bleft[d] <= 1e-9:
+                self.caches.put_chunks(d, self.bchunks[d])
         for d in run:
             if self.left[d] <= 1e-9:
                 j = self.serving[d]
-                self.caches.commit(d, self.looks[j])
+                if self.cores:
+                    self.pending_chunks[d].extend(self.payload[j])
+                else:           # no builder modelled: built as the answer leaves
+                    self.caches.put_chunks(d, self.looks[j].built)
+                self.caches.answered(d, self.rows[j])
                 self.out_ms[d] -= self.est[j]
                 self.depth[d] -= 1
         super().complete(run, brun)
