@@ -10,7 +10,7 @@ import pytest
 from rcllm.errors import RcllmError
 from rcllm.routing import cpu_smollm2_profile
 from rcllm.sim import served, served_cache
-from rcllm.sim.served_cache import ClusterCaches, StoreSim
+from rcllm.sim.served_stores import ClusterCaches, StoreSim
 
 KV = cpu_smollm2_profile().model.kv_bytes_per_token
 
