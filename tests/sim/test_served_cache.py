@@ -159,8 +159,13 @@ def test_the_cli_replays_the_caches_and_asks_what_another_budget_would_find(tmp_
     # at a budget of two items each, a request finds at most two
     assert hit() == 1.0
     assert hit("--store-bytes", str(2 * 10 * KV)) < 1.0
+    # without imports the chosen instance finds only its own three items at first
+    assert hit("--no-imports") < 1.0
     with pytest.raises(RcllmError, match="--store-bytes"):
         args = top.parse_args(base[:-2] + ["--store-bytes", "5", "--out", str(tmp_path / "p")])
+        args.func(args)
+    with pytest.raises(RcllmError, match="--no-imports"):
+        args = top.parse_args(base[:-2] + ["--no-imports", "--out", str(tmp_path / "p")])
         args.func(args)
 
 

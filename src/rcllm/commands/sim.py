@@ -165,6 +165,11 @@ def _sweep(args) -> int:
         sweep["config"] = {**(sweep.get("config") or {}), "overrides": [
             *((sweep.get("config") or {}).get("overrides") or ()),
             f"reuse.store_bytes={args.store_bytes}"]}
+    if args.no_imports:
+        if args.routing != "caches":
+            raise RcllmError("--no-imports asks --routing caches what the sweep would do "
+                             "without moving item KV between instances")
+        sweep["what_if"] = {"no_imports": True}
     profile = fit_profile(_load_runs(args.fit_json, args.min_repeats))
     fit_paths = [p for p in args.fit_json.split(",") if p]
     builds, reference = load_fit_extras(fit_paths)
@@ -185,7 +190,7 @@ def _sweep(args) -> int:
                    "busy_slowdown": slowdown, "busy_pairs": pairs,
                    "behind": not args.no_behind, "behind_cost": cost,
                    "fit_reference_ms": reference, "service": args.service,
-                   "store_bytes": args.store_bytes})
+                   "store_bytes": args.store_bytes, "no_imports": args.no_imports})
     worst = summary["worst_rel_err_below_capacity"]
     print(f"profile fitted on {args.fit_json}; {summary['within_15pct_below_capacity']} of "
           f"{summary['cells_below_capacity']} cells below capacity within 15% (P50 and P99; "
@@ -334,6 +339,9 @@ def _sweep_parser(sub) -> None:
     sw.add_argument("--store-bytes", type=int, default=None, metavar="B",
                     help="with --routing caches: replay the stores at budget B instead of the "
                          "sweep's (a what-if: the measured columns stay the sweep's)")
+    sw.add_argument("--no-imports", action="store_true",
+                    help="with --routing caches: replay without item KV moved between "
+                         "instances (a what-if: a miss is computed where the request runs)")
     sw.add_argument("--overhead-ms", type=float, default=0.0,
                     help="HTTP + router time added to every request (default 0)")
     sw.add_argument("--busy-slowdown", type=float, default=1.0, metavar="F",
