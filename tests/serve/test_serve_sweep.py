@@ -185,7 +185,7 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
     args = top.parse_args([
         "serve", "--sweep", "--no-redis", "--requests", "6", "--candidates", "6",
         "--rates", "6", "--methods", "rcllm:0.3:0.3", "--policies", "affinity",
-        "--placement", "random",
+        "--placement", "random", "--no-imports",
         "--queue-size", "8", "--slo-ms", "60000", "--out", str(out),
         "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1",
         "--set", f"reuse.store_bytes={budget}"])
@@ -202,3 +202,17 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
     assert placed["method"] == "random" and len(placed["shard_items"]) == 2
     assert all(0 < kept <= n for kept, n in zip(placed["held_after_build"],
                                                 placed["placed_items"]))
+    # what the simulator's cache replay reads: the placement in build order, the item token
+    # counts, the warm-up's requests and each request's candidates and history
+    assert [len(p) for p in placed["placed"]] == placed["placed_items"]
+    assert set(report["item_tokens"]) == set(synthetic.items)
+    assert report["warm_requests"] and report["history_bytes"] > 0
+    row = next(r for r in cell["requests"] if r["status"] == 200)
+    assert row["items"] and row["user"] and "history_items" in row
+    # --no-imports: no item KV moved between the instances
+    assert cell["kv_imported_items"] == 0 and report["config"]["no_imports"] is True
+    from rcllm.routing import cpu_smollm2_profile
+    from rcllm.sim.served import predict_sweep
+
+    rows, _ = predict_sweep(report, cpu_smollm2_profile(), routing="caches")
+    assert 0 <= rows[0]["predicted_chunk_hit_ratio"] <= 1

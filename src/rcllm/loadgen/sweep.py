@@ -229,7 +229,8 @@ def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
     backend = RayBackend(spec, args.instances, args.queue_size, "affinity",
                          placement=getattr(args, "placement", "metis"),
                          placement_seed=getattr(args, "placement_seed", 0),
-                         w_idle=_idle_weight(args), profile=profile)
+                         w_idle=_idle_weight(args), profile=profile,
+                         fetch_remote=not getattr(args, "no_imports", False))
     lifecycle.install()          # ray.init put its own SIGTERM handler in place
     start_s = time.perf_counter() - t0
     running = start_in_thread(create_app(backend, ServeSettings(queue_size=args.queue_size)))

@@ -250,8 +250,10 @@ class CacheReplay:
                           lambda m, n, ctx: scale * self.price(m, n, ctx),
                           lambda n: scale * self.build(n), series_ratios(self.sweep, c),
                           f"day{self.day}",
-                          # `sim sweep --no-imports`: what the cells would do without them
-                          imports=not (self.sweep.get("what_if") or {}).get("no_imports"))
+                          # `sim sweep --no-imports`: what the cells would do without them;
+                          # a sweep served with `--no-imports` had none
+                          imports=not ((self.sweep.get("what_if") or {}).get("no_imports")
+                                       or (self.sweep.get("config") or {}).get("no_imports")))
         ttft, svc, looks = simulate_cached_cell(c["arrivals_s"], c["requests"], self.caches,
                                                 setup, busy_slowdown, cores, builder_weight)
         return ttft, svc, hit_figures(looks)
