@@ -23,8 +23,8 @@
 #                  needs serve-sweep's output, and serve-calib's for its served-F row)
 #   regime-calib   serving.md issue-51 regime: the router's calibration run on MovieLens
 #                  (rcllm serve --save-profile, stopped once serving)           (~3 min)
-#   regime-sweep   serving.md issue-51 regime: the 1/4-budget sweeps, METIS and random
-#                  placement, 100 requests per cell (needs regime-calib's profile) (~80 min)
+#   regime-sweep   serving.md issue-51 regime: 1/4 budget METIS, 1/16 METIS and random, 1/16
+#                  METIS without imports; 100 requests per cell (needs regime-calib) (~2 h)
 #   sim-regime     simulator.md cache replay of regime-sweep's sweeps (bench ttft fit + sim
 #                  sweep --routing caches) and the long-tail projection at 4/10/40 (~6 min)
 # Environment: PY (default: python3), DATA (default ../shared/data/amazon2018 from the repo
@@ -193,22 +193,32 @@ stage_regime_calib() {
   kill -INT $pid; wait $pid || true
   test -s profile.json
 }
+regime() {   # OUT BUDGET PLACEMENT RATES [more options]
+  local out=$1 budget=$2 placement=$3 rates=$4; shift 4
+  rcllm bench serve --sweep "${ML[@]}" --no-redis --instances 2 --set model.threads=1 \
+      --set reuse.store_bytes=$budget --placement $placement --placement-seed 0 --seed 0 \
+      --profile "$OUT/regime-calib/profile.json" --methods rcllm:0.3:0.3 \
+      --policies affinity,cost,hit-only,load-only,round-robin --trace-window users \
+      --trace-session-gap-s 1800 --requests 100 --rates $rates --queue-size 8 \
+      --slo-ms 5000 --out $out "$@"
+}
 stage_regime_sweep() {
-  for placement in metis random; do
-    rcllm bench serve --sweep "${ML[@]}" --no-redis --instances 2 --set model.threads=1 \
-        --set reuse.store_bytes=$QUARTER --placement $placement --placement-seed 0 --seed 0 \
-        --profile "$OUT/regime-calib/profile.json" --methods rcllm:0.3:0.3 \
-        --policies affinity,cost,hit-only,load-only,round-robin --trace-window users \
-        --trace-session-gap-s 1800 --requests 100 --rates 0.7x,1.0x,1.3x --queue-size 8 \
-        --slo-ms 5000 --out $placement
-  done
+  regime quarter-metis $QUARTER metis 0.7x,1.0x,1.3x
+  regime sixteenth-metis $((QUARTER / 4)) metis 0.7x,1.0x
+  regime sixteenth-random $((QUARTER / 4)) random 0.7x,1.0x
+  regime sixteenth-metis-noimports $((QUARTER / 4)) metis 0.7x --no-imports
 }
 stage_sim_regime() {
   rcllm bench ttft "${ML[@]}" --requests 6 --seed 1 --set model.threads=1 --json ttft_fit.json
-  for placement in metis random; do
-    rcllm sim sweep --sweep-json "$OUT/regime-sweep/$placement/sweep.json" \
-        --fit-json ttft_fit.json --routing caches --out caches-$placement
+  for sweep in quarter-metis sixteenth-metis sixteenth-random sixteenth-metis-noimports; do
+    rcllm sim sweep --sweep-json "$OUT/regime-sweep/$sweep/sweep.json" \
+        --fit-json ttft_fit.json --routing caches --out caches-$sweep
   done
+  # what-ifs: the 1/4 sweep's requests at 1/16, the 1/16 sweep without imports
+  rcllm sim sweep --sweep-json "$OUT/regime-sweep/quarter-metis/sweep.json" \
+      --fit-json ttft_fit.json --routing caches --store-bytes $((QUARTER / 4)) --out at-sixteenth
+  rcllm sim sweep --sweep-json "$OUT/regime-sweep/sixteenth-metis/sweep.json" \
+      --fit-json ttft_fit.json --routing caches --no-imports --out without-imports
   for k in 4 10 40; do
     rcllm sim run policy --zipf-from "${ML[1]}:movielens" --policy-instances $k \
         --requests 20000 --out projection-$k
