@@ -13,6 +13,7 @@ import time
 
 from ..errors import RcllmError
 from ..report import markdown_table, write_report
+from .common import positive_ints
 
 COLUMNS = ("tokens", "variant", "ttft_p50_ms", "speedup_vs_full", "speedup_vs_prefix",
            "recomputed_fraction", "flop_bound_speedup", "measured_vs_flop_bound")
@@ -41,16 +42,6 @@ def register(top, bench) -> None:
     p.set_defaults(func=run)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise RcllmError(f"{what} must be comma-separated integers, not {text!r}") from None
-    if not out or min(out) < 1:
-        raise RcllmError(f"{what} must list positive integers")
-    return out
-
-
 def _ratios(text: str) -> list[float]:
     try:
         out = [float(x) for x in text.split(",") if x.strip()]
@@ -75,7 +66,7 @@ def run(args) -> int:
         if args.layers < 2:
             raise RcllmError("--layers must be >= 2 (the probe reads layer 1)")
         shape = shape.with_layers(args.layers)
-    tokens = _ints(args.tokens, "--tokens")
+    tokens = positive_ints(args.tokens, "--tokens")
     ratios = _ratios(args.ratios)
     device, dtype = sh.resolve_device(args.device, args.dtype)
     if args.threads and device.type == "cpu":

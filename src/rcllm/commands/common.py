@@ -153,3 +153,14 @@ def pointwise_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3
     rows += [Variant("naive", user_prefix=True), Variant("late", user_prefix=True)]
     rows += [Variant("rcllm", i, h, user_prefix=True) for i, h in extra_budgets]
     return rows
+
+
+def positive_ints(text: str, what: str) -> list[int]:
+    """A comma-separated list of positive integers given as option `what`."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise RcllmError(f"{what} must be comma-separated integers, not {text!r}") from None
+    if not out or min(out) < 1:
+        raise RcllmError(f"{what} must list positive integers")
+    return out

@@ -18,6 +18,7 @@ import os
 
 from ..errors import RcllmError
 from ..report import markdown_table, write_report
+from .common import positive_ints
 from .sim_sweep import _busy_slowdown, _print_pricing, _served_weight
 
 EXPERIMENTS = ("cdf", "scaling", "policy", "ratio")
@@ -94,13 +95,7 @@ def _run(args) -> int:
 
 
 def _instance_counts(spec: str) -> list[int]:
-    try:
-        ks = [int(k) for k in spec.split(",") if k.strip()]
-    except ValueError:
-        raise RcllmError(f"--ks {spec!r}: comma-separated instance counts") from None
-    if not ks or min(ks) < 1:
-        raise RcllmError(f"--ks {spec!r}: instance counts must be >= 1")
-    return ks
+    return positive_ints(spec, "--ks")
 
 
 def _load_runs(paths: str, min_repeats: int) -> list[dict]:
