@@ -65,3 +65,12 @@ def test_a_bad_profile_file_is_refused_before_ray_starts(tmp_path):
     assert args.save_profile is None and _parser().parse_args(["serve"]).profile == "calibrate"
     with pytest.raises(RcllmError, match="not a saved speed profile"):
         make_backend(args)
+
+
+def test_no_imports_without_a_cluster_is_refused_before_anything_loads():
+    from rcllm.commands.serve import make_backend
+
+    args = _parser().parse_args(["serve", "--no-imports"])
+    with pytest.raises(RcllmError, match="--no-imports"):
+        make_backend(args)
+    assert not _parser().parse_args(["serve", "--instances", "2"]).no_imports

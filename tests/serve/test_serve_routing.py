@@ -101,7 +101,7 @@ def test_a_resident_side_pulls_only_the_requests_it_can_serve():
 def test_no_object_store_import_beside_a_shared_redis_tier():
     """With Redis every instance's chunks are shared already; an import would only wait on
     the owner's engine lock (up to 1 s: the sweep's rare slow reuse requests)."""
-    from rcllm.serve.router import imports_item_kv
+    from rcllm.serve.imports import imports_item_kv
     from rcllm.serve.spec import EngineSpec
 
     assert imports_item_kv(EngineSpec())

@@ -27,7 +27,8 @@ def _row(hits, lookups, items, missed, fetched=0, ttft=400.0):
     return {"status": 200, "latency_ms": ttft + 50, "ttft_ms": ttft, "total_ms": ttft + 10,
             "instance": 0, "hits": hits, "lookups": lookups, "fetched": fetched,
             "context_tokens": items + 600, "item_tokens": items, "item_miss_tokens": missed,
-            "import_ms": 5.0 * fetched, "import_wait_ms": 1.0 * fetched}
+            "import_ms": 5.0 * fetched, "import_wait_ms": 1.0 * fetched,
+            "imports_late": int(fetched > 0)}
 
 
 def test_a_cell_records_hits_misses_imports_and_what_the_misses_cost():
@@ -42,6 +43,7 @@ def test_a_cell_records_hits_misses_imports_and_what_the_misses_cost():
     assert (m["chunk_hits"], m["chunk_misses"]) == (13, 7)
     assert m["item_miss_tokens"] == 160 and m["item_tokens"] == 1200
     assert (m["kv_imported_items"], m["kv_import_ms"], m["kv_import_wait_ms"]) == (3, 15.0, 3.0)
+    assert m["kv_imports_late"] == 1
     assert m["miss_cost_mean_ms"] == pytest.approx(rows[1]["miss_cost_ms"] / 2)
     assert m["miss_cost_share"] == pytest.approx(rows[1]["miss_cost_ms"] / 1200)
     assert {"item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms", "held_items"} <= set(TABLE)

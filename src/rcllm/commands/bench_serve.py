@@ -100,16 +100,12 @@ def _sweep_options(p) -> None:
                    help="one request per visit: a user's ratings at most S seconds after "
                         "their previous one belong to the same visit, whose first rating is "
                         "the request (default 0: every rating; MovieLens: 1800)")
-    add_placement_options(g)       # --placement, --placement-seed, --affinity-idle-weight
+    add_placement_options(g)       # --placement(-seed), --affinity-idle-weight, --no-imports
     g.add_argument("--no-redis", action="store_true",
                    help="no Redis tier: each instance's chunk store is its own memory (item KV "
                         "moves between instances through Ray's object store), so with an item "
                         "budget below the catalog's KV (--set reuse.store_bytes=B) the "
                         "instances hold different items")
-    g.add_argument("--no-imports", action="store_true",
-                   help="without a shared tier, never move item KV between instances: a miss "
-                        "is computed where the request runs (default: imported from the "
-                        "instance that holds it when the cost model prices that lower)")
     g.add_argument("--redis-max-bytes", type=int, default=None, metavar="B",
                    help="cap the sweep's private Redis at B bytes (least recently used keys "
                         "evicted past it): a shared tier that holds less than the catalog")

@@ -113,6 +113,11 @@ def add_placement_options(p) -> None:
                         "cost model at each decision (the misses' recompute time against the "
                         "queue wait; routing/balance.py), or a fixed number (4: the weight "
                         "tuned on 40 simulated instances)")
+    p.add_argument("--no-imports", action="store_true",
+                   help="--instances without a shared tier: never move item KV between "
+                        "instances, a miss is computed where the request runs (default: "
+                        "exported by an instance that holds it while the request queues, when "
+                        "the cost model prices that below recomputing; serve/imports.py)")
 
 
 def idle_weight_arg(text: str) -> str | float:
@@ -178,6 +183,9 @@ def spec_from(args):
 
 def make_backend(args):
     """The backend the arguments ask for: LocalBackend, or RayBackend with --instances > 1."""
+    if getattr(args, "no_imports", False) and args.instances <= 1 and not args.address:
+        raise RcllmError("--no-imports is about moving item KV between instances: it needs "
+                         "--instances K > 1 (or --address)")
     spec = spec_from(args)
     if args.instances > 1 or args.address:
         try:
@@ -194,7 +202,8 @@ def make_backend(args):
                           profile=profile, save_profile_to=getattr(args, "save_profile", None),
                           placement=getattr(args, "placement", "metis"),
                           placement_seed=getattr(args, "placement_seed", 0),
-                          w_idle=None if weight == "derived" else float(weight))
+                          w_idle=None if weight == "derived" else float(weight),
+                          fetch_remote=not getattr(args, "no_imports", False))
     from ..serve.local import LocalBackend
 
     engine, ds = spec.build()

@@ -102,6 +102,7 @@ def miss_metrics(ok: list[dict]) -> dict:
             "item_tokens": int(total("item_tokens")),
             "kv_imported_items": int(total("fetched")),
             "kv_import_ms": total("import_ms"), "kv_import_wait_ms": total("import_wait_ms"),
+            "kv_imports_late": int(total("imports_late")),
             "miss_cost_p50_ms": _pct(cost, 50) if len(cost) else None,
             "miss_cost_mean_ms": float(cost.mean()) if len(cost) else None,
             "miss_cost_share": float(cost.sum() / engine_ms) if len(cost) and engine_ms > 0

@@ -48,7 +48,8 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                    behind_tokens=st.get("behind_tokens", []),
                    **{k: st[k] for k in ("build_ms", "assemble_ms", "prefill_ms",
                                          "thread_cpu_ms", "run_wait_ms", "after_ms",
-                                         "import_wait_ms", "import_ms", "lock_wait_ms",
+                                         "import_wait_ms", "import_ms", "imports_late",
+                                         "import_owner_wait_ms", "lock_wait_ms",
                                          "actor_ms") if k in st})
     return out
 

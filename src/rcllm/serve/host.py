@@ -16,7 +16,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..engine import Engine
 from ..kvstore.base import ChunkKV
@@ -69,8 +69,12 @@ class EngineHost:
         self._held: HeldIndex | None | bool = None
 
     # ---- requests -------------------------------------------------------------------------
-    def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Ranks a request given as `schemas.RankIn.model_dump()`; raises RcllmError."""
+    def rank(self, payload: dict[str, Any],
+             first: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Ranks a request given as `schemas.RankIn.model_dump()`; raises RcllmError. `first`
+        runs under the same hold of the engine lock, before the ranking (an instance stores
+        the item KV it imported there: one wait in this engine's line, not two); what it
+        returns joins the stats."""
         req = RankRequest(
             user_id=payload["user_id"], history=history_of(payload),
             candidates=tuple(ItemId(c) for c in payload["candidates"]))
@@ -79,11 +83,12 @@ class EngineHost:
         t0 = time.perf_counter()
         with self.lock:
             waited_ms = (time.perf_counter() - t0) * 1e3   # behind other calls on this engine
+            before = first() if first is not None else {}
             res = self.engine.rank(req, payload.get("method"), **overrides)
         return {"ranking": list(res.ranking), "scores": res.scores, "method": res.method,
                 "ttft_ms": res.ttft_ms, "total_ms": res.total_ms,
                 # plain data (the engine's stats may be a Mapping)
-                "stats": {**dict(res.stats), "lock_wait_ms": waited_ms}}
+                "stats": {**dict(res.stats), **before, "lock_wait_ms": waited_ms}}
 
     def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Pre-inference of `schemas.PrewarmIn.model_dump()`: the user side into the
@@ -229,30 +234,27 @@ class EngineHost:
             self.lock.release()
         return out, waited_ms
 
-    def import_items(self, rows: dict[str, tuple]) -> tuple[int, float]:
-        """Stores KV exported by another instance of the same model; returns how many chunks
-        were new and the ms waited for the engine lock first. A chunk is keyed by this
-        engine's own content key of its token ids and used only when they are the ids this
-        catalog gives the item now (else it is skipped)."""
+    def store_rows(self, rows: dict[str, tuple]) -> int:
+        """Stores item KV exported by another instance of the same model (`export_items`'
+        rows); returns how many chunks were new. The caller holds `lock`. A chunk is keyed by
+        this engine's own content key of its token ids and used only when they are the ids
+        this catalog gives the item now (else it is skipped)."""
         import torch
 
         new = 0
-        t0 = time.perf_counter()
-        with self.lock:
-            waited_ms = (time.perf_counter() - t0) * 1e3
-            e = self.engine
-            for item_id, (ids, k, v) in rows.items():
-                if ItemId(item_id) not in self.catalog:
-                    continue
-                if tuple(e.builder.item_chunk(ItemId(item_id))) != tuple(ids):
-                    continue
-                key = e.chunk_key("item", ids)
-                if not e.store.contains(key):
-                    dev = e.model.device
-                    e.store.put(key, ChunkKV(tuple(ids), torch.from_numpy(k).to(dev),
-                                             torch.from_numpy(v).to(dev)))
-                    new += 1
-        return new, waited_ms
+        e = self.engine
+        for item_id, (ids, k, v) in rows.items():
+            if ItemId(item_id) not in self.catalog:
+                continue
+            if tuple(e.builder.item_chunk(ItemId(item_id))) != tuple(ids):
+                continue
+            key = e.chunk_key("item", ids)
+            if not e.store.contains(key):
+                dev = e.model.device
+                e.store.put(key, ChunkKV(tuple(ids), torch.from_numpy(k).to(dev),
+                                         torch.from_numpy(v).to(dev)))
+                new += 1
+        return new
 
     def close(self) -> None:
         self._builds.put(None)

@@ -18,6 +18,10 @@ from ..records import Item, ItemId
 from .host import EngineHost
 from .spec import EngineSpec
 
+# what a ranking's stats say of its item-KV imports (0 when it had none: `Instance._import`)
+IMPORT_STATS = ("fetched_items", "import_wait_ms", "import_ms", "imports_late",
+                "import_owner_wait_ms")
+
 
 class Instance:
     def __init__(self, index: int, spec: EngineSpec) -> None:
@@ -81,24 +85,24 @@ class Instance:
     def store_stats(self) -> dict[str, dict[str, int]]:
         return self.host.store_stats()
 
-    def rank(self, payload: dict[str, Any], imports: list | None = None) -> dict[str, Any]:
-        """Ranks `payload` after storing the item KV behind `imports` (object refs of other
-        instances' `export_items`); an import that fails (its owner died) is skipped and those
-        items are recomputed."""
+    def rank(self, payload: dict[str, Any], imports: list | None = None,
+             import_wait_ms: float = 0.0) -> dict[str, Any]:
+        """Ranks `payload`, first storing the item KV behind `imports` (object refs of other
+        instances' `export_items`, sent by the router as it chose this instance). The exports
+        run while this call waits for its engine; once it holds the engine it waits at most
+        `import_wait_ms` more for those not yet here (the router's price of recomputing their
+        items instead), then ranks: a late export's items are recomputed, as are those of an
+        export whose owner died."""
         t0 = time.perf_counter()
-        fetched, import_wait_ms = self._import(imports or [])
-        t1 = time.perf_counter()
+        refs = list(imports or [])
         try:
-            out = self.host.rank(payload)
+            out = self.host.rank(payload, (lambda: self._import(refs, import_wait_ms))
+                                 if refs else None)
         except RcllmError as exc:
             return {"error": str(exc)}
         st = out["stats"]
-        st["fetched_items"] = fetched
-        # time in this actor outside the engine's clock: the imports (object-store fetches of
-        # other instances' item KV) split into the waits for an engine lock (`_import`) and
-        # the transfer itself, then the wait for the engine lock to rank (`host.rank`)
-        st["import_wait_ms"] = import_wait_ms
-        st["import_ms"] = max(0.0, (t1 - t0) * 1e3 - import_wait_ms)
+        for key in IMPORT_STATS:
+            st.setdefault(key, 0)
         st["actor_ms"] = (time.perf_counter() - t0) * 1e3
         lost = self.host.lost_items()
         if lost is not None:            # item chunks were evicted: the router's picture of
@@ -112,23 +116,35 @@ class Instance:
 
         return ray.get(ref, timeout=30)
 
-    def _import(self, refs: list) -> tuple[int, float]:
-        """Stores the item KV behind `refs`: (chunks new here, ms spent waiting for an engine
-        lock). The wait is the owner's for its lock before exporting (as much of it as this
-        fetch lasted: the owner may have waited while an earlier ref was fetched) plus this
-        instance's for its own lock to store the KV; the rest of the imports is the transfer."""
-        fetched, waited_ms = 0, 0.0
-        for ref in refs:
-            t0 = time.perf_counter()
+    @staticmethod
+    def _arrived(refs: list, timeout_s: float) -> list:
+        """Those of `refs` whose answer is here within `timeout_s` (in their order)."""
+        import ray
+
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout_s))
+        done = set(ready)
+        return [r for r in refs if r in done]
+
+    def _import(self, refs: list, wait_ms: float) -> dict[str, Any]:
+        """Under the engine lock: stores the item KV of those `refs` that arrive within
+        `wait_ms`. Stats: `fetched_items` (chunks new here), `import_wait_ms` (this engine
+        waiting for exports), `import_ms` (the rest: fetching and storing the KV),
+        `imports_late` (exports not waited for), `import_owner_wait_ms` (the owners' waits
+        for their own engines before exporting, off this request's path while it queued)."""
+        t0 = time.perf_counter()
+        arrived = self._arrived(refs, wait_ms / 1e3)
+        t1 = time.perf_counter()
+        fetched, owner_ms = 0, 0.0
+        for ref in arrived:
             try:
                 export = self._fetch(ref)
-                got_ms = (time.perf_counter() - t0) * 1e3
-                new, own_wait_ms = self.host.import_items(export["rows"])
             except Exception:  # noqa: BLE001 - a dead owner means recompute, not failure
                 continue
-            fetched += new
-            waited_ms += min(float(export["lock_wait_ms"]), got_ms) + own_wait_ms
-        return fetched, waited_ms
+            fetched += self.host.store_rows(export["rows"])
+            owner_ms += float(export["lock_wait_ms"])
+        return {"fetched_items": fetched, "import_wait_ms": (t1 - t0) * 1e3,
+                "import_ms": (time.perf_counter() - t1) * 1e3,
+                "imports_late": len(refs) - len(arrived), "import_owner_wait_ms": owner_ms}
 
     def stall(self, seconds: float) -> None:
         """Fault injection for tests: holds the engine lock for `seconds` from another thread

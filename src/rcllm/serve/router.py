@@ -1,9 +1,11 @@
 """The Ray deployment: K instance actors behind a global router (`RayBackend`).
 
 Placement (`cluster_start.place_items`): each instance builds its shard and the hot items at
-start, and the router starts from what each kept. Every instance keeps the whole catalog. An item off the chosen instance's shard is fetched from an
-instance that holds its KV (through Ray's object store) when the cost model prices fetching
-below recomputing, else recomputed; either way it is cached there after the answer.
+start, and the router starts from what each kept. Every instance keeps the whole catalog. An
+item off the chosen instance's shard is fetched from an instance that holds its KV (through
+Ray's object store, while the request queues) when the cost model prices fetching below
+recomputing, else recomputed; the chosen instance waits for a late export only as long as it
+saves (`imports.py`); either way the item is cached there after the answer.
 Routing: a `rcllm.routing` policy (affinity by default) over live views of the instances that
 still have room; in a pointwise deployment the user's resident user side counts as locality too
 (`views.UserResidency`), and `/v1/prewarm` goes through the same policy, so a prewarm and the
@@ -28,19 +30,13 @@ from ..errors import RcllmError
 from ..records import Item
 from ..routing import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
 from .cluster_start import PLACEMENTS, init_ray, place_items
+from .imports import import_plan, imports_item_kv
 from .instance import Instance
 from .spec import EngineSpec
 from .views import LiveInstance, UserResidency, cluster_view, live_instances, routing_request
 from .worker import Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
-
-
-def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
-    """Whether the router moves item KV between instances through Ray's object store. Not
-    with a shared Redis tier: every instance's chunks are written behind to it and read
-    through from it, while an import waits on the owner's engine lock (up to 1 s)."""
-    return fetch_remote and not spec.redis_url
 
 
 class RayBackend:
@@ -176,7 +172,7 @@ class RayBackend:
             try:
                 actor = self.actors[inst.index]
                 if method == "rank":
-                    ref = actor.rank.remote(payload, self._imports(
+                    ref = actor.rank.remote(payload, *self._imports(
                         inst, request, local, payload.get("method") or self.default_method))
                 else:
                     ref = actor.prewarm.remote(payload)
@@ -221,28 +217,16 @@ class RayBackend:
                     fut.cancel()
                     raise
 
-    def _imports(self, inst: LiveInstance, request, local_tokens: float, method: str) -> list:
-        """Object refs of the KV of the request's items that `inst` lacks and another live
-        instance holds, when the cost model says fetching them beats recomputing them. The
-        KV moves owner → `inst` through the object store, never through the router. None for
-        a method that reads no item KV (full, prefix): an import can wait a second on a busy
-        owner."""
+    def _imports(self, inst: LiveInstance, request, local_tokens: float,
+                 method: str) -> tuple[list, float]:
+        """Object refs of the owners' exports of the request's items `inst` lacks, and the
+        most `inst` waits for them once its engine is free (`imports.import_plan`); none for
+        a method that reads no item KV (full, prefix)."""
         if not self.fetch_remote or method not in REUSE_METHODS:
-            return []
-        shape = request.shape
-        fetch = float(self.fetch_cost.service_ms(self.fetch_cost.work(shape, local_tokens)))
-        recompute = float(self.cost.service_ms(self.cost.work(shape, local_tokens)))
-        if fetch >= recompute:
-            return []
-        by_owner: dict[int, list[str]] = {}
-        for item in request.items:
-            if not isinstance(item, str) or item in inst.cached:   # a user side: not fetched
-                continue
-            owner = next((o for o in self.instances
-                          if o.usable and o is not inst and item in o.cached), None)
-            if owner is not None:
-                by_owner.setdefault(owner.index, []).append(item)
-        return [self.actors[k].export_items.remote(items) for k, items in by_owner.items()]
+            return [], 0.0
+        plan, wait_ms = import_plan(self.cost, self.fetch_cost, inst, request, local_tokens,
+                                    self.instances)
+        return [self.actors[k].export_items.remote(items) for k, items in plan.items()], wait_ms
 
     def _lost(self, inst: LiveInstance, exc: BaseException) -> None:
         if inst.alive:

@@ -25,7 +25,9 @@ Model, per instance (a sweep without a shared tier; one with Redis is refused):
   holds exported by the owner and stored at the chosen one before it ranks (`serve/router.py
   _imports`), when the cost model prices fetching below recomputing. The export waits for the
   owner's engine: the import is ready when the owner's current request ends, plus the
-  transfer at the profile's network bandwidth.
+  transfer at the profile's network bandwidth. When the chosen instance starts the request
+  it waits for a late import at most what the import saves (recompute minus fetch); beyond
+  that the items are not stored there and count as misses (`serve/instance._import`).
 - service: the fitted profile's price of the tokens computed, from the row's context, item and
   history tokens and the simulated hits: a hit's tokens are recomputed at the method's ratio,
   a miss's all; a missed chunk is built behind the answer (one job per chunk), and a hit or
@@ -99,6 +101,8 @@ class CachedCluster(ServedCluster):
         self.ready = [0.0] * len(jobs)
         self.looks: list[Look | None] = [None] * len(jobs)
         self.imported = [0] * len(jobs)
+        self.moves: list[dict] = [{} for _ in jobs]       # each request's planned imports
+        self.import_budget = [0.0] * len(jobs)
         self.payload: list[list] = [[] for _ in jobs]      # each behind job's chunks
         self.pending_chunks: list[deque] = [deque() for _ in range(self.k)]
         self.bchunks: list[list] = [[] for _ in range(self.k)]
@@ -123,19 +127,31 @@ class CachedCluster(ServedCluster):
         self.ready[j] = self.t
         fetch = float(s.fetch_cost.service_ms(s.fetch_cost.work(req.shape, local)))
         if s.imports and fetch < self.est[j]:
-            moves = self.caches.import_for(row, d)
-            self.imported[j] = sum(len(p) for p in moves.values())
-            for o, pairs in moves.items():
+            self.moves[j] = self.caches.import_for(row, d)
+            self.import_budget[j] = self.est[j] - fetch
+            for o, pairs in self.moves[j].items():
                 wait = self.left[o] if self.serving[o] is not None else 0.0
                 moved = sum(t for _k, t in pairs) * self.caches.kv
                 self.ready[j] = max(self.ready[j], self.t + wait + 1e3 * moved
                                     / s.cost.profile.network_bytes_per_s)
         return d
 
+    def _imports_in(self, j: int, d: int) -> float:
+        """Request j starts on d: the ms it waits for its imports (at most what they save,
+        `serve/instance._import`), storing them at d when they arrive within that."""
+        late = max(0.0, self.ready[j] - self.t)
+        if not self.moves[j]:
+            return 0.0
+        if late > self.import_budget[j]:
+            return self.import_budget[j]           # not waited for: recomputed
+        self.imported[j] = self.caches.store_import(d, self.moves[j])
+        return late
+
     def start(self, d: int) -> None:
         if self.serving[d] is None and self.queues[d]:
             j = self.queues[d][0]
             row, s = self.rows[j], self.setup
+            waited = self._imports_in(j, d)
             look = self.caches.look_up(row, d, s.tag)
             items = float(row.get("item_tokens") or 0)
             hist = float(row.get("history_tokens") or 0)
@@ -145,8 +161,7 @@ class CachedCluster(ServedCluster):
             ctx = float(row.get("context_tokens") or 0)
             computed = ctx - (1 - s.ratios[0]) * ih - (1 - s.ratios[1]) * hh
             arr, _svc, _d, _b, f = self.jobs[j]
-            svc = (s.price(row.get("method") or "rcllm", computed, ctx)
-                   + max(0.0, self.ready[j] - self.t))
+            svc = s.price(row.get("method") or "rcllm", computed, ctx) + waited
             # the misses are built behind the answer, one job per chunk kind (the engine builds
             # a kind's misses in one pass); they enter the store when their job ends
             jobs = [[b for b in look.built if (b[0][0] == "item") == is_item]

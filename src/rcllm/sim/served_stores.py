@@ -106,8 +106,8 @@ class ClusterCaches:
 
     def import_for(self, row: Mapping[str, Any], dest: int) -> dict[int, list[tuple]]:
         """The items the router believes `dest` lacks and another instance holds, by owner
-        (the first such), stored at `dest` now: those the owner's store still holds (an
-        export of an item it evicted sends nothing)."""
+        (the first such): those the owner's store still holds (an export of an item it evicted
+        sends nothing). Stored at `dest` by `store_import` once they arrive in time."""
         by_owner: dict[int, list[tuple]] = {}
         for key, tokens in self.chunks(row, "")[:len(row.get("items") or ())]:
             if key[1] in self.views[dest]:
@@ -115,10 +115,14 @@ class ClusterCaches:
             o = self.owner(key[1], dest)
             if o is not None and key in self.stores[o]:
                 by_owner.setdefault(o, []).append((key, tokens))
-        for pairs in by_owner.values():
+        return by_owner
+
+    def store_import(self, dest: int, moves: Mapping[int, list[tuple]]) -> int:
+        """Stores the imported chunks at `dest`; returns how many."""
+        for pairs in moves.values():
             for key, tokens in pairs:
                 self.stores[dest].put(key, int(tokens * self.kv))
-        return by_owner
+        return sum(len(p) for p in moves.values())
 
     def store_of(self, key: tuple, dest: int) -> StoreSim:
         return (self.stores if key[0] == "item" else self.history)[dest]

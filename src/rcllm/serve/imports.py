@@ -1,0 +1,47 @@
+"""Which item KV the router moves between instances, and how long it is worth waiting for.
+
+An instance lacking some of a request's items may import their chunk KV from an instance that
+holds it (Ray's object store, owner → importer, never through the router) instead of
+recomputing it. The router asks each owner to export while the request queues on the chosen
+instance; the chosen instance waits for the exports only as long as they save
+(`Instance._import`). Not beside a shared Redis tier: there every instance reads any chunk
+from the tier in milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..routing import CostModel
+from .spec import EngineSpec
+from .views import LiveInstance
+
+
+def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
+    """Whether the router moves item KV between instances through Ray's object store. Not
+    with a shared Redis tier: every instance's chunks are written behind to it and read
+    through from it, while an export waits on the owner's engine lock (up to 1 s)."""
+    return fetch_remote and not spec.redis_url
+
+
+def import_plan(cost: CostModel, fetch_cost: CostModel, inst: LiveInstance, request,
+                local_tokens: float, instances: Sequence[LiveInstance]
+                ) -> tuple[dict[int, list[str]], float]:
+    """({owner index: the request's items `inst` lacks and that owner holds}, the most `inst`
+    should wait for them once its engine is free, ms): empty when the cost model prices
+    fetching the missing items at or above recomputing them. The wait bound is what the
+    imports save, recompute minus fetch: waiting longer costs more than recomputing."""
+    shape = request.shape
+    fetch = float(fetch_cost.service_ms(fetch_cost.work(shape, local_tokens)))
+    recompute = float(cost.service_ms(cost.work(shape, local_tokens)))
+    if fetch >= recompute:
+        return {}, 0.0
+    by_owner: dict[int, list[str]] = {}
+    for item in request.items:
+        if not isinstance(item, str) or item in inst.cached:   # a user side: not fetched
+            continue
+        owner = next((o for o in instances
+                      if o.usable and o is not inst and item in o.cached), None)
+        if owner is not None:
+            by_owner.setdefault(owner.index, []).append(item)
+    return by_owner, (recompute - fetch if by_owner else 0.0)
