@@ -299,8 +299,8 @@ class Trainer:
                     self._validate(patch, progress)
                     if t.patience and self.state.since_best >= t.patience:
                         self.state.stopped_early = True
-                        log.info("early stop at step %d: no better validation NDCG@10 in %d "
-                                 "validations (best at step %s)", step, t.patience,
+                        log.info("early stop at step %d: no lower validation cross-entropy "
+                                 "in %d validations (best at step %s)", step, t.patience,
                                  self.state.best_step)
                 if step % t.checkpoint_every == 0 or (stop_after and done >= stop_after):
                     self.state.elapsed_s += time.perf_counter() - start
