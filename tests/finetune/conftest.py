@@ -26,7 +26,8 @@ def fav_dataset():
 def tiny_ft_config(tiny_model_dir, tmp_path):
     def make(**train) -> FinetuneConfig:
         opts = dict(steps=100, lr=1e-2, candidates=2, warmup_steps=2, checkpoint_every=10,
-                    targets="last", batch=1, val_users=0)
+                    targets="last", batch=1, val_users=0,
+                    reuse_select="naive")   # the plain reuse path; overlap is tested by name
         opts.update(train)
         cfg = FinetuneConfig(
             model=ModelConfig(path=str(tiny_model_dir), threads=0, cache_dir=str(tmp_path / "c")),

@@ -35,7 +35,10 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     # the fastest within 0.02 NDCG@10 of full (else the closest, marked so)
     manifest = json.loads((folders[0] / "adapter.json").read_text())
     fast = manifest["fast_path"]
-    assert manifest["trained_fast_path"]["method"] == "naive"
+    # the default recipe trains the fast path rcllm's overlap selection serves
+    trained = manifest["trained_fast_path"]
+    assert (trained["method"], trained["rcllm_select"], trained["item_ratio"]) == (
+        "rcllm", "overlap", 0.15)
     assert fast["method"] in ("naive", "late", "rcllm") and "fast paths on" not in out
     assert set(fast["validation"]["ndcg10"]) == {"full", "naive", "late@2", "late@1",
                                                  "overlap@0.15", "overlap@0.3"}

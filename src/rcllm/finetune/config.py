@@ -62,13 +62,16 @@ class TrainConfig:
     reuse_tail: int = opt(1, "joint/reuse: the last k tokens of each item chunk are computed in "
                              "the prompt (they see the user side, as reuse.item_tail=k does at "
                              "inference) instead of taken from the chunk's isolated pass")
-    reuse_select: str = opt("naive", "joint/reuse: which reused item tokens the reuse path "
-                                     "computes in the prompt besides the tail. naive: none "
-                                     "(the engine's naive method); overlap: the engine's rcllm "
-                                     "method with reuse.rcllm_select=overlap at "
-                                     "train.reuse_ratio (item tokens in runs of >= 3 tokens "
-                                     "shared with the history first), so the adapter learns "
-                                     "to use the tokens serving recomputes")
+    reuse_select: str = opt("overlap", "joint/reuse: which reused item tokens the reuse path "
+                                       "computes in the prompt besides the tail. overlap (the "
+                                       "default): the engine's rcllm method with "
+                                       "reuse.rcllm_select=overlap at train.reuse_ratio (item "
+                                       "tokens in runs of >= 3 tokens shared with the history "
+                                       "first), so the adapter learns to use the tokens serving "
+                                       "recomputes; naive: none (the engine's naive method). "
+                                       "overlap trained a better full path and fast paths that "
+                                       "read the user on Magazine and Gift Cards "
+                                       "(docs/finetune.md)")
     reuse_ratio: float = opt(0.15, "reuse_select=overlap: the share of each prompt's reused "
                                    "item tokens recomputed (reuse.item_ratio)")
     reuse_fill: str = opt("order", "reuse_select=overlap: where the budget left after the "
