@@ -39,6 +39,9 @@ def test_two_instances_rank_and_share_catalog_updates(cluster, rank_bodies):
     assert backend.profile.model.num_layers == 3 and backend.cost.profile is backend.profile
     # the placement splits the catalog: each instance starts with part of the item KV
     assert all(0 < len(i.cached) < len(backend.item_tokens) for i in backend.instances)
+    # the tiny model recomputes an item faster than a Ray round trip, so the cost model's
+    # bound would let no export arrive in time: wait for them here
+    backend.import_wait_floor_ms = 5000.0
     with httpx.Client(base_url=url, timeout=60) as c:
         fetched = 0
         for body in rank_bodies[:3]:

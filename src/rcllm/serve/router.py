@@ -83,6 +83,9 @@ class RayBackend:
         self.cost = CostModel(self.profile, MethodConfig())
         self.fetch_cost = CostModel(self.profile, MethodConfig(remote_items="fetch"))
         self.fetch_remote = imports_item_kv(spec, fetch_remote)
+        # the least an importer waits for an export, whatever the cost model says it saves
+        # (0; a test on a tiny model, whose recompute costs less than a Ray round trip, sets it)
+        self.import_wait_floor_ms = 0.0
         # the method of a request that names none (only the reuse methods import item KV)
         self.default_method = spec.engine_config()[0].reuse.method
         self.w_idle = w_idle        # affinity's idleness weight; None: from the cost model
@@ -226,7 +229,8 @@ class RayBackend:
             return [], 0.0
         plan, wait_ms = import_plan(self.cost, self.fetch_cost, inst, request, local_tokens,
                                     self.instances)
-        return [self.actors[k].export_items.remote(items) for k, items in plan.items()], wait_ms
+        refs = [self.actors[k].export_items.remote(items) for k, items in plan.items()]
+        return refs, max(wait_ms, self.import_wait_floor_ms) if refs else 0.0
 
     def _lost(self, inst: LiveInstance, exc: BaseException) -> None:
         if inst.alive:
