@@ -71,3 +71,12 @@ def miss_cost_ms(cost: CostModel, context_tokens: int, item_tokens: int,
     held = float(cost.service_ms(cost.work(shape, items - missed)))
     every = float(cost.service_ms(cost.work(shape, items)))
     return max(0.0, held - every)
+
+
+def import_saving_ms(fetch_cost: CostModel, shape: RequestShape, local_tokens: float,
+                     recompute_ms: float) -> float:
+    """What fetching a request's items missing on an instance saves over recomputing them
+    there: `recompute_ms` (the request's service with them recomputed, as the router already
+    estimated it) minus its service with them fetched; <= 0 when fetching does not pay. Also
+    the most the instance should wait for the fetched KV (serve/imports.py, the replay)."""
+    return recompute_ms - float(fetch_cost.service_ms(fetch_cost.work(shape, local_tokens)))

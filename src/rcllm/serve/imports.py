@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..routing import CostModel
+from ..routing.balance import import_saving_ms
 from .spec import EngineSpec
 from .views import LiveInstance
 
@@ -24,17 +25,17 @@ def imports_item_kv(spec: EngineSpec, fetch_remote: bool = True) -> bool:
     return fetch_remote and not spec.redis_url
 
 
-def import_plan(cost: CostModel, fetch_cost: CostModel, inst: LiveInstance, request,
-                local_tokens: float, instances: Sequence[LiveInstance]
+def import_plan(fetch_cost: CostModel, inst: LiveInstance, request, local_tokens: float,
+                recompute_ms: float, instances: Sequence[LiveInstance]
                 ) -> tuple[dict[int, list[str]], float]:
     """({owner index: the request's items `inst` lacks and that owner holds}, the most `inst`
     should wait for them once its engine is free, ms): empty when the cost model prices
-    fetching the missing items at or above recomputing them. The wait bound is what the
-    imports save, recompute minus fetch: waiting longer costs more than recomputing."""
-    shape = request.shape
-    fetch = float(fetch_cost.service_ms(fetch_cost.work(shape, local_tokens)))
-    recompute = float(cost.service_ms(cost.work(shape, local_tokens)))
-    if fetch >= recompute:
+    fetching the missing items at or above recomputing them (`recompute_ms`: the request's
+    service on `inst` as the router estimated it). The wait bound is what the imports save,
+    recompute minus fetch (`routing.balance.import_saving_ms`): waiting longer costs more
+    than recomputing."""
+    saving = import_saving_ms(fetch_cost, request.shape, local_tokens, recompute_ms)
+    if saving <= 0:
         return {}, 0.0
     by_owner: dict[int, list[str]] = {}
     for item in request.items:
@@ -44,4 +45,4 @@ def import_plan(cost: CostModel, fetch_cost: CostModel, inst: LiveInstance, requ
                       if o.usable and o is not inst and item in o.cached), None)
         if owner is not None:
             by_owner.setdefault(owner.index, []).append(item)
-    return by_owner, (recompute - fetch if by_owner else 0.0)
+    return by_owner, (saving if by_owner else 0.0)

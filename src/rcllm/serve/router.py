@@ -176,7 +176,8 @@ class RayBackend:
                 actor = self.actors[inst.index]
                 if method == "rank":
                     ref = actor.rank.remote(payload, *self._imports(
-                        inst, request, local, payload.get("method") or self.default_method))
+                        inst, request, local, estimate_ms,
+                        payload.get("method") or self.default_method))
                 else:
                     ref = actor.prewarm.remote(payload)
                 out = await self._wait(inst, ref)
@@ -220,14 +221,15 @@ class RayBackend:
                     fut.cancel()
                     raise
 
-    def _imports(self, inst: LiveInstance, request, local_tokens: float,
+    def _imports(self, inst: LiveInstance, request, local_tokens: float, estimate_ms: float,
                  method: str) -> tuple[list, float]:
         """Object refs of the owners' exports of the request's items `inst` lacks, and the
-        most `inst` waits for them once its engine is free (`imports.import_plan`); none for
-        a method that reads no item KV (full, prefix)."""
+        most `inst` waits for them once its engine is free (`imports.import_plan`; the
+        request's service estimate there is what recomputing them costs); none for a method
+        that reads no item KV (full, prefix)."""
         if not self.fetch_remote or method not in REUSE_METHODS:
             return [], 0.0
-        plan, wait_ms = import_plan(self.cost, self.fetch_cost, inst, request, local_tokens,
+        plan, wait_ms = import_plan(self.fetch_cost, inst, request, local_tokens, estimate_ms,
                                     self.instances)
         refs = [self.actors[k].export_items.remote(items) for k, items in plan.items()]
         return refs, max(wait_ms, self.import_wait_floor_ms) if refs else 0.0

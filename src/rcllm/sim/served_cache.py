@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..routing import ClusterView, CostModel, MethodConfig, SetLocality, routing_policy
+from ..routing.balance import import_saving_ms
 from ..routing.profiles import SpeedProfile, load_profile
 from ..routing.requests import routing_request
 from .served_cluster import ServedCluster
@@ -125,10 +126,10 @@ class CachedCluster(ServedCluster):
         self.out_ms[d] += self.est[j]
         self.depth[d] += 1
         self.ready[j] = self.t
-        fetch = float(s.fetch_cost.service_ms(s.fetch_cost.work(req.shape, local)))
-        if s.imports and fetch < self.est[j]:
+        saving = import_saving_ms(s.fetch_cost, req.shape, local, self.est[j])
+        if s.imports and saving > 0:
             self.moves[j] = self.caches.import_for(row, d)
-            self.import_budget[j] = self.est[j] - fetch
+            self.import_budget[j] = saving
             for o, pairs in self.moves[j].items():
                 wait = self.left[o] if self.serving[o] is not None else 0.0
                 moved = sum(t for _k, t in pairs) * self.caches.kv
@@ -139,9 +140,9 @@ class CachedCluster(ServedCluster):
     def _imports_in(self, j: int, d: int) -> float:
         """Request j starts on d: the ms it waits for its imports (at most what they save,
         `serve/instance._import`), storing them at d when they arrive within that."""
-        late = max(0.0, self.ready[j] - self.t)
         if not self.moves[j]:
             return 0.0
+        late = max(0.0, self.ready[j] - self.t)
         if late > self.import_budget[j]:
             return self.import_budget[j]           # not waited for: recomputed
         self.imported[j] = self.caches.store_import(d, self.moves[j])
