@@ -46,6 +46,21 @@ def test_paired_bootstrap_ci():
         m.paired_bootstrap_ci([1.0], [1.0, 2.0])
 
 
+def test_cluster_bootstrap_resamples_whole_groups():
+    # two users, each all 1s or all 0s: resampling users can draw either twice, so the
+    # interval spans [0, 1]; resampling the values alone would give a narrow one
+    v = np.array([1.0] * 10 + [0.0] * 10)
+    users = ["u"] * 10 + ["v"] * 10
+    ci = m.cluster_bootstrap_ci(v, users)
+    assert (ci.mean, ci.low, ci.high) == (0.5, 0.0, 1.0)
+    flat = m.bootstrap_ci(v)
+    assert flat.low > 0.2 and flat.high < 0.8
+    # one value per group is the plain bootstrap's law; groups of unequal size weigh by values
+    assert m.cluster_bootstrap_ci([2.0, 2.0, 5.0], ["a", "a", "b"]).mean == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        m.cluster_bootstrap_ci([1.0, 2.0], ["a"])
+
+
 def test_fidelity_metrics_by_hand():
     a = [0.9, 0.1, 0.5, 0.3]
     b = [0.8, 0.2, 0.1, 0.6]

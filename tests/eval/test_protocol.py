@@ -4,8 +4,8 @@ import pytest
 
 from rcllm.errors import RcllmError
 from rcllm.eval.datasets.synthetic import generate
-from rcllm.eval.protocol import (EvalCase, ItemKnnRetriever, build_cases, retrieval_recall,
-                                 split_users)
+from rcllm.eval.protocol import (EvalCase, ItemKnnRetriever, build_cases, earlier_cases,
+                                 retrieval_recall, split_users)
 from rcllm.records import Dataset, HistoryEntry, Item, ItemId, UserId
 
 
@@ -26,6 +26,27 @@ def test_cases_are_well_formed(ds):
         assert case.candidates[case.target_index] == case.target
         seen = {h.item_id for h in hist}
         assert not seen & (set(case.candidates) - {case.target})
+
+
+def test_earlier_cases_add_each_users_earlier_targets(ds):
+    cases = build_cases(ds, history_window=10, num_negatives=19, seed=0)[:20]
+    more = earlier_cases(ds, cases, 3, history_window=10)
+    assert more[0] == cases[0] and [c for c in more if c in cases] == cases
+    by_user: dict = {}
+    for case in more:
+        by_user.setdefault(case.user_id, []).append(case)
+    for user, got in by_user.items():
+        hist = ds.users[user]
+        assert len(got) == min(4, len(hist) - 1)   # the last and up to 3 earlier targets
+        for j, case in enumerate(got):
+            pos = len(hist) - 1 - j
+            assert case.target == hist[pos].item_id and case.history == tuple(hist[:pos][-10:])
+            assert len(case.candidates) == 20 and case.candidates.count(case.target) == 1
+            # no item of the user's whole sequence is a negative, later ones included
+            assert not {h.item_id for h in hist} & (set(case.candidates) - {case.target})
+    assert earlier_cases(ds, cases, 3) == more and earlier_cases(ds, cases, 0) == cases
+    with pytest.raises(RcllmError):
+        earlier_cases(ds, cases, -1)
 
 
 def test_deterministic_and_seeded(ds):

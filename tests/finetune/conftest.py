@@ -24,7 +24,7 @@ def fav_dataset():
 
 @pytest.fixture
 def tiny_ft_config(tiny_model_dir, tmp_path):
-    def make(**train) -> FinetuneConfig:
+    def make(first_layer: int = 0, **train) -> FinetuneConfig:
         opts = dict(steps=100, lr=1e-2, candidates=2, warmup_steps=2, checkpoint_every=10,
                     targets="last", batch=1, val_users=0,
                     reuse_select="naive")   # the plain reuse path; overlap is tested by name
@@ -32,7 +32,7 @@ def tiny_ft_config(tiny_model_dir, tmp_path):
         cfg = FinetuneConfig(
             model=ModelConfig(path=str(tiny_model_dir), threads=0, cache_dir=str(tmp_path / "c")),
             prompt=PromptConfig(history_window=2, max_review_tokens=8, max_item_tokens=16),
-            lora=LoraConfig(rank=4, alpha=8, first_layer=0), train=TrainConfig(**opts))
+            lora=LoraConfig(rank=4, alpha=8, first_layer=first_layer), train=TrainConfig(**opts))
         cfg.validate()
         return cfg
     return make

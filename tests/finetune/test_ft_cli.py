@@ -43,6 +43,10 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     assert set(fast["validation"]["ndcg10"]) == {"full", "naive", "late@2", "late@1",
                                                  "overlap@0.15", "overlap@0.3"}
     assert "the adapter serves" in out
+    # chosen on each validation user's last train.choice_targets requests (default 4)
+    v = fast["validation"]
+    assert v["targets_per_user"] == 4 and v["users"] <= v["requests"] <= 4 * v["users"]
+    assert set(v["top5"]) == set(v["delta_low"]) == set(v["ndcg10"])
     # 3 steps an epoch: validation four times an epoch is every step
     assert [r["step"] for r in curves["validation"]] == [0, 1, 2, 3]
     assert {"ce_full", "ce_reuse", "kl"} <= set(curves["train"][0])
@@ -50,6 +54,14 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     assert main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
                  *TINY_TRAIN]) == 0
     assert "already trained" in capsys.readouterr().out
+    # another choice_targets changes no weights: the same adapter, its fast path chosen again
+    assert main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
+                 *TINY_TRAIN, "--set", "train.choice_targets=1"]) == 0
+    out = capsys.readouterr().out
+    assert "choosing the fast path again on 1 requests per validation user" in out
+    again = json.loads((folders[0] / "adapter.json").read_text())
+    assert again["fast_path"]["validation"]["requests"] == v["users"]
+    assert again["trained_fast_path"] == trained and again["sha256"] == manifest["sha256"]
     report = tmp_path / "eval.json"
     rc = main(["eval", "--format", "synthetic", "--set", f"model.path={tiny_model_dir}",
                "--set", "model.threads=0", "--adapter", str(folders[0]), "--users", "test",

@@ -128,7 +128,7 @@ def test_choose_fast_path_takes_the_fastest_within_the_tolerance():
         def score_case(self, case, other, only):
             return {p: good if p in self.ok else bad for p in only}
 
-    cases = [NS(candidates=("a", "b", "c", "d"), target="a")] * 3
+    cases = [NS(candidates=("a", "b", "c", "d"), target="a", user_id=u) for u in "uvw"]
     got = choose_fast_path(Fake({"full", "late@20", "late@10"}), cases)
     assert (got["method"], got["late_layer"], got["within"]) == ("late", 20, True)
     assert choose_fast_path(Fake({"full", "fast", "late@10"}), cases)["method"] == "naive"
@@ -141,3 +141,38 @@ def test_choose_fast_path_takes_the_fastest_within_the_tolerance():
     assert (got["method"], got["item_ratio"]) == ("rcllm", 0.3)
     closest = choose_fast_path(Fake({"full"}), cases)
     assert closest["within"] is False and closest["validation"]["ndcg10"]["full"] == 1.0
+    assert closest["validation"]["users"] == closest["validation"]["requests"] == 3
+
+
+def test_choose_fast_path_asks_for_the_top5_agreement_and_the_interval_too():
+    """A path level with full on NDCG@10 is not named when its top-5 differs from full's, nor
+    when one user's requests lose so much that the interval's lower end falls below -0.05."""
+    from types import SimpleNamespace as NS
+
+    from rcllm.finetune.diagnose import choose_fast_path
+
+    full = np.array([9.0, 8, 7, 6, 5, 0, 0, 0, 0, 0])       # target at index 0
+    shuffled = np.array([9.0, 0, 0, 0, 0, 8, 7, 6, 5, 0])   # same top-1, top-5 overlap 0.2
+    worse = np.array([0.0, 9, 8, 7, 6, 5, 4, 3, 2, 1])      # target last
+
+    class Fake:
+        tail, depths, ratios = 1, (20,), ()
+        model = NS(arch=NS(num_layers=30))
+
+        def __init__(self, fast):
+            self.fast = fast
+
+        def score_case(self, case, other, only):
+            return {"full": full, "fast": self.fast(case), "late@20": full}
+
+    cases = [NS(candidates=tuple("abcdefghij"), target="a", user_id=u, k=k)
+             for u in "uvwxyz" for k in range(4)]
+    assert choose_fast_path(Fake(lambda c: full), cases)["method"] == "naive"
+    got = choose_fast_path(Fake(lambda c: shuffled), cases)
+    assert got["method"] == "late" and got["validation"]["top5"]["naive"] == 0.2
+    # one user in six loses every request: within a loose tolerance, but not the interval's
+    one_user = choose_fast_path(Fake(lambda c: worse if c.user_id == "u" else full), cases,
+                                tolerance=0.2)
+    assert one_user["method"] == "late" and one_user["validation"]["delta_low"]["naive"] < -0.05
+    assert choose_fast_path(Fake(lambda c: worse if c.user_id == "u" else full), cases,
+                            tolerance=0.2, floor=-1.0)["method"] == "naive"

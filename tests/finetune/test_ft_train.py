@@ -297,6 +297,20 @@ def test_distill_teacher_is_the_init_adapters_full_path_and_the_kl_goes_down(
         tiny_ft_config(distill=2.0, path="reuse", init=init)
 
 
+def _engine_scores(tuned, cfg, ds, trainer, reuse, method, **kw):
+    """The engine's answers for the trainer's first draw: `method` with `reuse` (the user side
+    exact), naive and full."""
+    from rcllm.config import RcllmConfig
+    from rcllm.engine import Engine
+
+    eng = Engine(tuned, ds.items, RcllmConfig(prompt=cfg.prompt, reuse=reuse),
+                 scorer="pointwise")
+    eng.build_items(trainer.stream.draw(0).candidates)
+    req = _request(trainer)
+    return (eng.rank(req, method, user_prefix=False, **kw),
+            eng.rank(req, "naive", user_prefix=False), eng.rank(req, "full", user_prefix=False))
+
+
 @pytest.mark.parametrize("tail, fill", [(0, "order"), (1, "ends")])
 def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav_dataset,
                                                              tmp_path, tail, fill):
@@ -304,8 +318,7 @@ def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav
     rcllm_select=overlap serves at that ratio (user side exact): the trainer's reuse path, its
     joint pass, and the diagnostics' overlap@r all give the engine's scores — and they differ
     from naive reuse (the selection computes tokens) and from full."""
-    from rcllm.config import RcllmConfig, ReuseConfig
-    from rcllm.engine import Engine
+    from rcllm.config import ReuseConfig
     from rcllm.finetune.diagnose import Diagnoser
 
     cfg = tiny_ft_config(candidates=3, reuse_tail=tail, steps=3, lr=5e-2,
@@ -317,15 +330,11 @@ def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav
     t.run(progress=False)
     tuned = load_model(dataclasses.replace(cfg.model, adapter=str(tmp_path / "o")))
     draw = t.stream.draw(0)
-    eng = Engine(tuned, fav_dataset.items,
-                 RcllmConfig(prompt=cfg.prompt, reuse=ReuseConfig(
-                     prefix_insert=False, item_tail=tail, rcllm_select="overlap",
-                     overlap_fill=fill, user_side="exact")), scorer="pointwise")
-    eng.build_items(draw.candidates)
-    req = _request(t)
-    served = eng.rank(req, "rcllm", user_prefix=False, item_ratio=0.5, history_ratio=0.5)
-    naive = eng.rank(req, "naive", user_prefix=False)
-    full = eng.rank(req, "full", user_prefix=False)
+    served, naive, full = _engine_scores(
+        tuned, cfg, fav_dataset, t, ReuseConfig(prefix_insert=False, item_tail=tail,
+                                                rcllm_select="overlap", overlap_fill=fill,
+                                                user_side="exact"),
+        "rcllm", item_ratio=0.5, history_ratio=0.5)
     want = torch.tensor([served.scores[c] for c in draw.candidates])
     ex = draw.example
     patch = LoraPatch(t.model, Lora(cfg.lora, read_adapter(tmp_path / "o")[0]), t._base)
@@ -343,3 +352,47 @@ def test_overlap_reuse_path_equals_the_engines_rcllm_overlap(tiny_ft_config, fav
     torch.testing.assert_close(torch.tensor(got), want.float(), rtol=1e-4, atol=1e-4)
     for other in (naive, full):
         assert max(abs(served.scores[c] - other.scores[c]) for c in draw.candidates) > 1e-4
+
+
+def test_late_reuse_path_equals_the_engines_late_method(tiny_ft_config, fav_dataset, tmp_path):
+    """train.reuse_select=late trains on what the engine's late method serves at that layer
+    (item KV from the store below it, every item token computed from it up, the user side
+    exact): the trainer's reuse path — its first scoring (the chunk pass joined at the layer)
+    and its cached one (the frozen layers' outputs reused) — and the diagnostics' late@s give
+    the engine's scores, which differ from naive reuse and from full."""
+    from rcllm.config import ReuseConfig
+    from rcllm.errors import RcllmError
+    from rcllm.finetune.diagnose import Diagnoser
+
+    cfg = tiny_ft_config(candidates=3, steps=3, lr=5e-2, reuse_select="late", late_layer=1,
+                         first_layer=1)
+    t = _trainer(cfg, fav_dataset, tmp_path / "l")
+    assert t.fast_path() == {"method": "late", "late_layer": 1, "item_tail": 1,
+                             "user_side": "exact"}
+    assert t.scorer.cache is not None     # the frozen layers' outputs are cached (layer 1)
+    t.run(progress=False)
+    tuned = load_model(dataclasses.replace(cfg.model, adapter=str(tmp_path / "l")))
+    draw = t.stream.draw(0)
+    served, naive, full = _engine_scores(
+        tuned, cfg, fav_dataset, t,
+        ReuseConfig(prefix_insert=False, late_layer=1, user_side="exact"), "late")
+    want = torch.tensor([served.scores[c] for c in draw.candidates])
+    ex = draw.example
+    patch = LoraPatch(t.model, Lora(cfg.lora, read_adapter(tmp_path / "l")[0]), t._base)
+    patch.install()
+    with torch.no_grad():
+        got = [t.scores(ex.user_id, ex.history, draw.candidates, ("full", "reuse")).scores
+               for _ in range(2)]           # the second from the frozen layers' cache
+    patch.restore()
+    assert t.scorer.cache.hits >= 1
+    for joint in got:
+        torch.testing.assert_close(joint["reuse"], want, rtol=1e-4, atol=1e-4)
+    case = type("Case", (), {"user_id": ex.user_id, "history": ex.history,
+                             "candidates": tuple(draw.candidates)})()
+    diag = Diagnoser(tuned.model, t.scorer.pw, 1, depths=(1,))
+    late = diag.score_case(case, None, only=["late@1"])["late@1"]
+    torch.testing.assert_close(torch.tensor(late), want.float(), rtol=1e-4, atol=1e-4)
+    for other in (naive, full):
+        assert max(abs(served.scores[c] - other.scores[c]) for c in draw.candidates) > 1e-4
+    with pytest.raises(RcllmError, match="lora.first_layer"):
+        tiny_ft_config(reuse_select="late", late_layer=2)   # first_layer 0: would train below

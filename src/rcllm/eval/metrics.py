@@ -98,6 +98,25 @@ def paired_bootstrap_ci(a: ArrayLike, b: ArrayLike, n_resamples: int = 2000,
     return bootstrap_ci(va - vb, n_resamples, confidence, seed)
 
 
+def cluster_bootstrap_ci(values: ArrayLike, groups: Sequence, n_resamples: int = 2000,
+                         confidence: float = 0.95, seed: int = 0) -> Interval:
+    """Bootstrap CI of the mean of `values` resampling whole groups (e.g. every request of one
+    user together), for values correlated within a group; the mean is over the values."""
+    v = _vector(values, "values")
+    if len(groups) != v.size:
+        raise ValueError(f"{len(groups)} groups for {v.size} values")
+    if not 0 < confidence < 1 or n_resamples < 1:
+        raise ValueError("need 0 < confidence < 1 and n_resamples >= 1")
+    _, which = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
+    sums = np.bincount(which, weights=v)
+    counts = np.bincount(which).astype(float)
+    idx = np.random.default_rng(seed).integers(0, sums.size, size=(n_resamples, sums.size))
+    means = sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
+    alpha = (1.0 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return Interval(float(v.mean()), float(low), float(high))
+
+
 def _top(scores: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k best scores; ties go to the lower index (stable sort)."""
     return np.argsort(-scores, kind="stable")[:k]

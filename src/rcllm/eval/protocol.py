@@ -236,6 +236,37 @@ def build_cases(ds: Dataset, history_window: int = 10, num_negatives: int = 19, 
     return cases
 
 
+def earlier_cases(ds: Dataset, cases: Sequence[EvalCase], back: int, history_window: int = 10,
+                  seed: int = 0) -> list[EvalCase]:
+    """Each case's user's `back` earlier targets, after the case itself: the item before the
+    user's last (with the `history_window` entries before it), the one before that, ... while at
+    least one entry precedes it. Negatives are drawn as `build_cases` draws them (∝ popularity,
+    seeded per user and step back), never an item of the user's whole sequence. More requests
+    from the same users: a choice made on them resolves smaller differences."""
+    if back < 0 or history_window < 1:
+        raise RcllmError("need back >= 0 and history_window >= 1")
+    sampler = _PopularitySampler(ds)
+    out: list[EvalCase] = []
+    for case in cases:
+        out.append(case)
+        hist = ds.users[case.user_id]
+        seen = {h.item_id for h in hist}
+        for j in range(1, back + 1):
+            pos = len(hist) - 1 - j
+            if pos < 1:
+                break
+            rng = np.random.default_rng([seed, _stable_hash(case.user_id), j])
+            negatives = sampler.sample(rng, len(case.candidates) - 1, seen)
+            if negatives is None:
+                break
+            target = hist[pos].item_id
+            cands = [target, *negatives]
+            shuffled = tuple(cands[i] for i in rng.permutation(len(cands)).tolist())
+            out.append(EvalCase(case.user_id, tuple(hist[:pos][-history_window:]), shuffled,
+                                target))
+    return out
+
+
 def split_users(ds: Dataset, fractions: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0
                 ) -> tuple[list[UserId], ...]:
     """Partitions the users into len(fractions) disjoint lists (e.g. train/validation/test).

@@ -71,7 +71,13 @@ class TrainConfig:
                                        "recomputes; naive: none (the engine's naive method). "
                                        "overlap trained a better full path and fast paths that "
                                        "read the user on Magazine and Gift Cards "
-                                       "(docs/finetune.md)")
+                                       "(docs/finetune.md); late: the engine's late method at "
+                                       "train.late_layer (the item chunks' KV from the store "
+                                       "below it, every item token computed from it up)")
+    late_layer: int = opt(20, "reuse_select=late: the layer s from which the reuse path "
+                              "computes every item token against the user (reuse.late_layer); "
+                              "at most lora.first_layer, so the layers below it are never "
+                              "trained and the chunk pass needs no gradient")
     reuse_ratio: float = opt(0.15, "reuse_select=overlap: the share of each prompt's reused "
                                    "item tokens recomputed (reuse.item_ratio)")
     reuse_fill: str = opt("order", "reuse_select=overlap: where the budget left after the "
@@ -118,6 +124,10 @@ class TrainConfig:
     val_users: int = opt(64, "validation users scored at each validation (0 = no validation: "
                              "the last step's weights are kept)")
     val_candidates: int = opt(20, "candidates per validation prompt (the evaluation's cases)")
+    choice_targets: int = opt(4, "requests per validation user the end-of-run fast-path "
+                                 "choice scores: the user's last k targets (each with the "
+                                 "history before it), so the choice resolves ~2x smaller "
+                                 "differences than one request per user; changes no weights")
     val_every: int = opt(0, "steps between validations; 0 = four times per epoch")
     patience: int = opt(3, "stop after this many validations without a lower validation "
                            "cross-entropy (0 = never stop early)")
@@ -154,8 +164,9 @@ class TrainConfig:
         if self.reuse_fill not in ("order", "ends"):
             raise RcllmError(f"train.reuse_fill must be 'order' or 'ends', not "
                              f"{self.reuse_fill!r}")
-        if self.reuse_select not in ("naive", "overlap") or not 0 < self.reuse_ratio <= 1:
-            raise RcllmError(f"train.reuse_select must be 'naive' or 'overlap' (got "
+        if self.reuse_select not in ("naive", "overlap", "late") or not (
+                0 < self.reuse_ratio <= 1):
+            raise RcllmError(f"train.reuse_select must be 'naive', 'overlap' or 'late' (got "
                              f"{self.reuse_select!r}) and train.reuse_ratio within (0, 1]")
         if self.reuse_tail < 0 or self.match < 0 or self.hidden_match < 0:
             raise RcllmError("train.reuse_tail, train.match and train.hidden_match must be >= 0")
@@ -173,6 +184,8 @@ class TrainConfig:
             raise RcllmError(f"train.targets must be 'last' or 'all', not {self.targets!r}")
         if len(self.fractions) != 3:
             raise RcllmError("train.split needs three fractions: train,validation,test")
+        if self.choice_targets < 1:
+            raise RcllmError("train.choice_targets must be >= 1")
         if min(self.val_users, self.val_every, self.patience) < 0:
             raise RcllmError("train.val_users, val_every and patience must be >= 0")
         if self.checkpoint_every < 1 or self.log_every < 1:
@@ -194,6 +207,12 @@ class FinetuneConfig:
         if self.model.adapter:
             raise RcllmError("model.adapter is set: fine-tuning starts from the base weights "
                              "(stacking adapters is not supported)")
+        t = self.train
+        if t.reuse_select == "late" and t.path != "full" and not (
+                1 <= t.late_layer <= self.lora.first_layer):
+            raise RcllmError(f"train.late_layer={t.late_layer} must be within 1.."
+                             f"lora.first_layer ({self.lora.first_layer}): the layers below it "
+                             "are taken from the store and must not be trained")
         if self.train.candidates > self.prompt.max_candidates:
             raise RcllmError("train.candidates exceeds prompt.max_candidates")
 
@@ -203,18 +222,24 @@ class FinetuneConfig:
         tree = dataclasses.asdict(self)
         for name in ("threads", "cache_dir", "adapter"):
             tree["model"].pop(name)
-        for name in ("checkpoint_every", "log_every", "frozen_cache_gb", "max_examples"):
+        for name in ("checkpoint_every", "log_every", "frozen_cache_gb", "max_examples",
+                     "choice_targets"):
             tree["train"].pop(name)  # max_examples: run_key adds the count when the cap binds
         t = tree["train"]
         if self.train.path == "full":  # options of the other paths change nothing
             for name in ("reuse_tail", "match", "hidden_match", "reuse_select", "reuse_ratio",
-                         "reuse_fill"):
+                         "reuse_fill", "late_layer"):
                 t.pop(name)
         elif self.train.path == "reuse":
             for name in ("match", "hidden_match"):
                 t.pop(name)
         if not self.train.distill:
             t.pop("distill")
+        if t.get("reuse_select") != "late":   # keys of runs from before the option hold
+            t.pop("late_layer", None)
+        else:
+            for name in ("reuse_ratio", "reuse_fill"):
+                t.pop(name)
         if t.get("reuse_select") == "naive":  # keys of runs from before the option hold
             t.pop("reuse_select")
             t.pop("reuse_ratio")

@@ -312,29 +312,43 @@ def path_name(setting: dict) -> str:
 
 
 def choose_fast_path(scorer: Diagnoser, cases, tolerance: float = 0.02,
-                     progress: bool = False) -> dict:
-    """The fastest fast path whose mean NDCG@10 over `cases` (validation users) is within
-    `tolerance` of the full path's: naive with the scorer's item tail, late@s for
-    `scorer.depths` and overlap@r for `scorer.ratios`, tried in the order of the item work
-    they compute (`computed_share`); when none is within it, the closest, marked
+                     progress: bool = False, floor: float = -0.05, top5: float = 0.8) -> dict:
+    """The fastest fast path that keeps the full path's ranking over `cases` (validation
+    users' requests): mean NDCG@10 within `tolerance` of the full path's, the lower end of the
+    paired 95% interval of the difference at or above `floor` (resampled by user: one user's
+    requests together) and top-5 agreement with the full path at or above `top5` — the
+    fidelity targets of docs/finetune.md. Tried: naive with the scorer's item tail, late@s
+    for `scorer.depths` and overlap@r for `scorer.ratios`, in the order of the item work they
+    compute (`computed_share`); when none keeps it, the closest by mean NDCG@10, marked
     `"within": false`. The manifest's `fast_path`."""
     from tqdm import tqdm
 
     names = (["full", "fast"] + [f"late@{s}" for s in scorer.depths]
              + [f"overlap@{r:g}" for r in scorer.ratios])
     nd = {p: [] for p in names}
-    for case in tqdm(cases, desc="fast paths", unit="user", disable=not progress):
+    agree = {p: [] for p in names}
+    for case in tqdm(cases, desc="fast paths", unit="request", disable=not progress):
         got = scorer.score_case(case, None, only=names)
         t = list(case.candidates).index(case.target)
         for p, sc in got.items():
             nd[p].append(M.ndcg(sc, t, 10))
+            agree[p].append(M.topk_overlap(got["full"], sc, 5))
+    users = [c.user_id for c in cases]
     mean = {p: float(np.mean(v)) for p, v in nd.items()}
+    low = {p: M.cluster_bootstrap_ci(np.array(nd[p]) - np.array(nd["full"]), users).low
+           for p in names}
+    top = {p: float(np.mean(v)) for p, v in agree.items()}
     L = scorer.model.arch.num_layers
     order = sorted(names[1:], key=lambda p: computed_share(p, L))
-    within = [p for p in order if mean[p] >= mean["full"] - tolerance]
+    within = [p for p in order if mean[p] >= mean["full"] - tolerance
+              and low[p] >= floor and top[p] >= top5]
     pick = within[0] if within else max(order, key=lambda p: mean[p])
+
+    def named(table):
+        return {("naive" if p == "fast" else p): round(v, 4) for p, v in table.items()}
+
     return {**path_setting(pick, getattr(scorer, "fill", "order")), "item_tail": scorer.tail,
             "user_side": "exact", "within": bool(within),
-            "validation": {"users": len(cases), "tolerance": tolerance,
-                           "ndcg10": {("naive" if p == "fast" else p): round(v, 4)
-                                      for p, v in mean.items()}}}
+            "validation": {"users": len(set(users)), "requests": len(cases),
+                           "tolerance": tolerance, "floor": floor, "top5_floor": top5,
+                           "ndcg10": named(mean), "delta_low": named(low), "top5": named(top)}}

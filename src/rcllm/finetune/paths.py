@@ -98,8 +98,12 @@ class PathScorer:
     next validation) run only the layers from there on. Exact: the scores are the same."""
 
     def __init__(self, model, pw, tail: int, frozen_layer: int = 0, cache_bytes: int = 0,
-                 select: SelectionPolicy | None = None):
-        self.model, self.pw, self.tail = model, pw, tail
+                 select: SelectionPolicy | None = None, late: int = 0):
+        if late and not (0 < late < model.arch.num_layers
+                         and (frozen_layer == 0 or late <= frozen_layer)):
+            raise ValueError(f"late layer {late} must be within 1..num_layers-1 and at most "
+                             f"the first trained layer ({frozen_layer})")
+        self.model, self.pw, self.tail, self.late = model, pw, tail, late
         self._naive = SelectionPolicy(ReuseConfig(method="naive"))  # compute what is not given
         # the prompt pass's selection: which reused tokens it computes besides the fresh ones
         self.select = select if select is not None else self._naive
@@ -129,7 +133,8 @@ class PathScorer:
                 kind += k
                 offset += o
                 ranges.append((s, len(ids)))
-                keep = len(chunk) - min(self.tail, len(chunk))
+                # late: the whole chunk is reused below the late layer, computed from it up
+                keep = len(chunk) - (0 if self.late else min(self.tail, len(chunk)))
                 if path == "reuse" and keep:
                     reused.append(((s, s + keep), c))
         inp = self._inputs(ids, ranges, (kind, offset))
@@ -137,9 +142,15 @@ class PathScorer:
         got = self.cache.get(key) if self.cache is not None else None
         main, chunk = got if got is not None else (None, None)
         capture = self.cache.layer if self.cache is not None and got is None else None
-        if reused:
+        join: list[Frozen] = []
+        if reused and self.late and main is not None:
+            pass    # the main pass starts at or above the late layer: no chunk pass needed
+        elif reused and self.late:
+            join = [self._late_from_chunks(inp, blocks, reused)]
+        elif reused:
             chunk = self._fill_from_chunks(inp, blocks, reused, chunk, capture)
-        res = prefill(self.model, inp, self.select, grad=True, start=main, capture=capture)
+        res = prefill(self.model, inp, self.select, grad=True, start=main, capture=capture,
+                      join=join)
         if capture is not None:
             self.cache.put(key, res.frozen, chunk)
         h = self.model.final_hidden(res.hidden_out)              # [P·C, d]
@@ -152,14 +163,7 @@ class PathScorer:
                           capture: int | None) -> Frozen | None:
         """Writes the isolated chunk pass's KV into the reused slots (graph kept): every layer,
         or from `start.layer` on when the pass starts there. Returns the states `capture`d."""
-        ctx = list(self.pw.instruction_ids) + list(self.pw.context_ids("item"))
-        need = {c: e - s for (s, e), c in reused}   # chunk index → tokens taken from the pass
-        ids, where, ranges = list(ctx), {}, []
-        for c in sorted(need):
-            where[c] = len(ids)
-            ids += blocks[c][0][: need[c]]
-            ranges.append((where[c], len(ids)))
-        chunk = self._inputs(ids, ranges)
+        chunk, where = self._chunk_pass_inputs(blocks, reused)
         res = prefill(self.model, chunk, self._naive, grad=True, start=start, capture=capture)
         for layer in range(start.layer if start is not None else 0, self.model.arch.num_layers):
             for (s, e), c in reused:
@@ -169,6 +173,38 @@ class PathScorer:
         for (s, e), _ in reused:
             inp.have_kv[s:e] = True
         return res.frozen if capture is not None else start
+
+    def _chunk_pass_inputs(self, blocks, reused) -> tuple[PrefillInputs, dict[int, int]]:
+        """The isolated chunk pass's inputs (instruction + block head, then each reused chunk's
+        first tokens) and where each chunk starts in it."""
+        ctx = list(self.pw.instruction_ids) + list(self.pw.context_ids("item"))
+        need = {c: e - s for (s, e), c in reused}   # chunk index → tokens taken from the pass
+        ids, where, ranges = list(ctx), {}, []
+        for c in sorted(need):
+            where[c] = len(ids)
+            ids += blocks[c][0][: need[c]]
+            ranges.append((where[c], len(ids)))
+        return self._inputs(ids, ranges), where
+
+    def _late_from_chunks(self, inp: PrefillInputs, blocks, reused) -> Frozen:
+        """late@s: the chunk pass's KV in the reused slots below layer s (the layers there are
+        never trained: s <= the first trained layer), and the slots' states entering s, from
+        which the prompt pass computes them (`prefill(join=...)`)."""
+        chunk, where = self._chunk_pass_inputs(blocks, reused)
+        with torch.no_grad():   # below the first trained layer: nothing to differentiate
+            res = prefill(self.model, chunk, self._naive, grad=True, capture=self.late)
+        at = {int(i): r for r, i in enumerate(res.frozen.idx.tolist())}
+        slots, rows = [], []
+        for (s, e), c in reused:
+            for layer in range(self.late):
+                inp.k_buf[layer][:, s:e] = chunk.k_buf[layer][:, where[c]:where[c] + e - s]
+                inp.v_buf[layer][:, s:e] = chunk.v_buf[layer][:, where[c]:where[c] + e - s]
+            inp.have_kv[s:e] = True
+            slots += range(s, e)
+            rows += [at[where[c] + k] for k in range(e - s)]
+        dev = self.model.device
+        return Frozen(self.late, torch.tensor(slots, device=dev),
+                      res.frozen.h[torch.tensor(rows, device=res.frozen.h.device)])
 
     def _inputs(self, ids: list[int], blocks, slot_marks=None) -> PrefillInputs:
         """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe);

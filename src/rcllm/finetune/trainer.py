@@ -110,7 +110,8 @@ class Trainer:
             select = (overlap_policy(t.reuse_ratio, t.reuse_fill)
                       if t.reuse_select == "overlap" else None)
             self.scorer = PathScorer(self.model, pw, t.reuse_tail, cfg.lora.first_layer,
-                                     int(t.frozen_cache_gb * 2**30), select)
+                                     int(t.frozen_cache_gb * 2**30), select,
+                                     t.late_layer if t.reuse_select == "late" else 0)
 
     @property
     def total_steps(self) -> int:
@@ -323,6 +324,9 @@ class Trainer:
         t = self.cfg.train
         if t.path == "full":
             return None
+        if t.reuse_select == "late":
+            return {"method": "late", "late_layer": t.late_layer, "item_tail": t.reuse_tail,
+                    "user_side": "exact"}
         if t.reuse_select == "overlap":
             return {"method": "rcllm", "rcllm_select": "overlap", "item_ratio": t.reuse_ratio,
                     "history_ratio": t.reuse_ratio, "item_tail": t.reuse_tail,
