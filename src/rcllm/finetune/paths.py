@@ -143,10 +143,9 @@ class PathScorer:
         main, chunk = got if got is not None else (None, None)
         capture = self.cache.layer if self.cache is not None and got is None else None
         join: list[Frozen] = []
-        if reused and self.late and main is not None:
-            pass    # the main pass starts at or above the late layer: no chunk pass needed
-        elif reused and self.late:
-            join = [self._late_from_chunks(inp, blocks, reused)]
+        if reused and self.late:
+            if main is None:    # a cached main pass starts at or above the late layer
+                join = [self._late_from_chunks(inp, blocks, reused)]
         elif reused:
             chunk = self._fill_from_chunks(inp, blocks, reused, chunk, capture)
         res = prefill(self.model, inp, self.select, grad=True, start=main, capture=capture,
@@ -193,18 +192,18 @@ class PathScorer:
         chunk, where = self._chunk_pass_inputs(blocks, reused)
         with torch.no_grad():   # below the first trained layer: nothing to differentiate
             res = prefill(self.model, chunk, self._naive, grad=True, capture=self.late)
-        at = {int(i): r for r, i in enumerate(res.frozen.idx.tolist())}
-        slots, rows = [], []
+        slots, src = [], []
         for (s, e), c in reused:
             for layer in range(self.late):
                 inp.k_buf[layer][:, s:e] = chunk.k_buf[layer][:, where[c]:where[c] + e - s]
                 inp.v_buf[layer][:, s:e] = chunk.v_buf[layer][:, where[c]:where[c] + e - s]
             inp.have_kv[s:e] = True
             slots += range(s, e)
-            rows += [at[where[c] + k] for k in range(e - s)]
-        dev = self.model.device
-        return Frozen(self.late, torch.tensor(slots, device=dev),
-                      res.frozen.h[torch.tensor(rows, device=res.frozen.h.device)])
+            src += range(where[c], where[c] + e - s)
+        idx = res.frozen.idx
+        rows = torch.searchsorted(idx, torch.tensor(src, device=idx.device))
+        return Frozen(self.late, torch.tensor(slots, device=self.model.device),
+                      res.frozen.h[rows])
 
     def _inputs(self, ids: list[int], blocks, slot_marks=None) -> PrefillInputs:
         """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe);
