@@ -109,7 +109,7 @@ def test_no_object_store_import_beside_a_shared_redis_tier():
     assert not imports_item_kv(EngineSpec(redis_url="redis://127.0.0.1:6379/0"))
 
 
-def test_a_shared_tier_makes_every_placed_item_local_everywhere():
+def test_a_shared_tier_makes_every_item_it_holds_local_everywhere():
     from rcllm.serve.views import live_instances
 
     held = [["i0", "i1", "i2", "i3", "i4"], ["i5", "i6", "i7"]]
@@ -117,11 +117,30 @@ def test_a_shared_tier_makes_every_placed_item_local_everywhere():
     assert "i5" not in own[0].cached and "i0" not in own[1].cached
     payload = {"user_id": "u1", "history": HISTORY, "candidates": list(TOKENS)}
     assert _choose("hit-only", own, payload, None) == 0        # instance 0 holds more
-    shared = live_instances(held, shared_tier=True)
-    assert all({*held[0], *held[1]} <= i.cached for i in shared)
-    shared[1].started(10.0)
-    shared[1].finished(10.0, 12.0, ["new"])                    # served on 1: read by 0 too
-    assert "new" in shared[0].cached
+    tier = {*held[0], *held[1]}                                 # what the tier holds
+    shared = live_instances(held, tier)
+    assert all(tier <= set(i.view(None).cached_items) for i in shared)
+    tier.add("new")                                             # served on 1: read by 0 too
+    assert "new" in shared[0].view(None).cached_items
+    assert "new" not in shared[0].cached                        # not in 0's own memory
     shared[0].started(500.0)                                   # instance 0 busy
     for policy in ("affinity", "hit-only", "cost"):            # items no longer pull to 0
         assert _choose(policy, shared, payload, None) == 1, policy
+
+
+def test_an_item_the_tier_evicted_pulls_towards_the_instance_whose_memory_holds_it():
+    from rcllm.serve.views import live_instances
+
+    tier = set(TOKENS)
+    held = [[], list(TOKENS)[:6]]                      # instance 1's own memory: 6 items
+    inst = live_instances(held, tier)
+    payload = {"user_id": "u1", "history": HISTORY, "candidates": list(TOKENS)}
+    assert inst[0].tier is inst[1].tier                 # one picture for every instance
+    inst[0].started(10.0)
+    inst[0].finished(10.0, 12.0, [])
+    # everything in the tier: local everywhere, so no pull (a tie goes to the first)
+    assert _choose("hit-only", inst, payload, None) == 0
+    tier.difference_update(list(TOKENS)[:6])           # evicted from the tier
+    assert _choose("hit-only", inst, payload, None) == 1
+    for policy in ("affinity", "cost"):
+        assert _choose(policy, inst, payload, None) == 1, policy

@@ -22,7 +22,8 @@ TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
          "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
          "chunk_hit_ratio", "item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms",
-         "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance", "held_items")
+         "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance", "held_items",
+         "tier_items")
 
 
 def _pct(xs: np.ndarray, q: float) -> float:

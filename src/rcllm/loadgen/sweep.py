@@ -112,9 +112,10 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
-            # the items the router counts as held by each instance after the cell (with the
-            # Redis tier one shared set; without it what each store kept, views.LiveInstance)
+            # the items the router counts as held by each instance's own store after the cell
+            # (views.LiveInstance), and beside a Redis tier its picture of the tier (tier.py)
             "held_items": [len(i.cached) for i in backend.instances],
+            **(backend.tier.stats() if getattr(backend, "tier", None) is not None else {}),
             "reference_ms": reference,
             # the machine's 1-min load average before and after the cell: a quiet 2-core
             # machine running this sweep stays near 2-3

@@ -65,3 +65,18 @@ def fit_served_profile(points: list[Point], model: ModelSpec) -> SpeedProfile:
     return fitted.replace(name=base.name)
 
 
+
+
+def router_profile(how: str | SpeedProfile, calibrate) -> SpeedProfile:
+    """The profile a router's cost model prices requests with: "calibrate" (fitted to timed
+    rankings now: `calibrate()` returns an instance's `calibrate` row), "builtin" (the
+    unfitted SmolLM2 CPU profile), or a profile object (loaded from a file saved by an earlier
+    calibration)."""
+    if isinstance(how, SpeedProfile):
+        return how
+    if how == "builtin":
+        return cpu_smollm2_profile()
+    if how != "calibrate":
+        raise RcllmError(f"profile must be calibrate, builtin or a loaded profile, not {how!r}")
+    row = calibrate()
+    return fit_served_profile([tuple(p) for p in row["points"]], ModelSpec(**row["model"]))

@@ -38,14 +38,12 @@ def history_of(payload: dict[str, Any]) -> tuple[HistoryEntry, ...]:
 def item_tiers(store) -> list:
     """The leaf tiers of `store` that hold item chunks: its memory tier (not a `history`
     partition, which holds review chunks only) and the disk below it, when there is one; an
-    item is held while either holds it. [] with a Redis tier (the router then counts every
-    placed item as held by every instance, `views.live_instances`)."""
+    item is held while either holds it. A shared Redis tier below them is not one of them:
+    the router keeps its own picture of it (`serve.tier`)."""
     from ..kvstore.base import WatchedKeys
     from ..kvstore.wiring import PartitionedStore, tiers
 
     every = tiers(store)
-    if any(hasattr(t, "client") for t in every):          # RedisStore (tier_stats' own test)
-        return []
     history = {id(p) for t in every if isinstance(t, PartitionedStore)
                for kind, p in t.partitions.items() if kind == "history"}
     return [t for t in every if isinstance(t, WatchedKeys) and id(t) not in history]
@@ -159,7 +157,7 @@ class EngineHost:
 
     def cached_items(self) -> list[str]:
         """Catalog items whose chunk KV is in this engine's store now: read off the held index
-        (O(held), no engine lock once it exists); beside a Redis tier, a scan."""
+        (O(held), no engine lock once it exists); a scan where no tier can be watched."""
         index = self._held_index()
         return self.scan_cached_items() if index is None else index.held()
 
@@ -171,11 +169,26 @@ class EngineHost:
             return [str(i) for i in list(self.catalog)
                     if e.store.contains(e.chunk_key("item", b.item_chunk(i)))]
 
+    def item_redis_keys(self, ids: list[str] | None = None) -> dict[str, str]:
+        """Each catalog item's (or each of `ids`') chunk key in the shared Redis tier, for the
+        router's picture of that tier (`serve.tier`); {} without a Redis tier."""
+        from ..kvstore.wiring import tiers
+
+        redis = next((t for t in tiers(self.engine.store) if hasattr(t, "client")), None)
+        if redis is None:
+            return {}
+        wanted = None if ids is None else set(map(str, ids))
+        with self.lock:
+            b, e = self.engine.builder, self.engine
+            return {str(i): redis.prefix + e.chunk_key("item", b.item_chunk(i))
+                    for i in list(self.catalog) if wanted is None or str(i) in wanted}
+
     def lost_items(self) -> list[str] | None:
         """The catalog items whose chunk KV this store dropped (evicted from every tier that
         held it) since the last call and does not hold again, or None when there are none: the
         router takes them out of its picture of this instance. O(lost): no scan of the
-        catalog or the store. Always None beside a Redis tier."""
+        catalog or the store. Beside a Redis tier: what this instance's own memory (and disk)
+        lost; the tier's losses reach the router from Redis (`serve.tier`)."""
         index = self._held_index()
         lost = index.take_lost() if index is not None else None
         return lost or None

@@ -176,6 +176,9 @@ class Instance:
     def cached_items(self) -> list[str]:
         return self.host.cached_items()
 
+    def item_redis_keys(self, ids: list[str] | None = None) -> dict[str, str]:
+        return self.host.item_redis_keys(ids)
+
     def build_items(self, items: list[str]) -> int:
         """Builds the chunk KV of `items` (those in the catalog); returns how many were new."""
         built = self.host.build_items(items)

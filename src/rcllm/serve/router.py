@@ -5,7 +5,9 @@ start, and the router starts from what each kept. Every instance keeps the whole
 item off the chosen instance's shard is fetched from an instance that holds its KV (through
 Ray's object store, while the request queues) when the cost model prices fetching below
 recomputing, else recomputed; the chosen instance waits for a late export only as long as it
-saves (`imports.py`); either way the item is cached there after the answer.
+saves (`imports.py`); either way the item is cached there after the answer. Beside a shared
+Redis tier no item KV moves between instances: an item the tier holds is local everywhere, and
+the router learns what a capped tier evicts from Redis itself (`tier.py`).
 Routing: a `rcllm.routing` policy (affinity by default) over live views of the instances that
 still have room; in a pointwise deployment the user's resident user side counts as locality too
 (`views.UserResidency`), and `/v1/prewarm` goes through the same policy, so a prewarm and the
@@ -28,11 +30,13 @@ from typing import Any
 from ..config import REUSE_METHODS
 from ..errors import RcllmError
 from ..records import Item
-from ..routing import CostModel, MethodConfig, SpeedProfile, cpu_smollm2_profile, routing_policy
+from ..routing import CostModel, MethodConfig, SpeedProfile, routing_policy
+from .calibrate import router_profile
 from .cluster_start import PLACEMENTS, init_ray, place_items
 from .imports import import_plan, imports_item_kv
 from .instance import Instance
 from .spec import EngineSpec
+from .tier import open_tier
 from .views import LiveInstance, UserResidency, cluster_view, live_instances, routing_request
 from .worker import Overloaded, Unavailable
 
@@ -65,13 +69,15 @@ class RayBackend:
         self.residency = (UserResidency(ttl, history_window=pings[0].get("history_window") or 0)
                           if ttl else None)               # None: no user-prefix cache
         self.item_tokens: dict[str, int] = ray.get(self.actors[0].item_tokens.remote())
-        self.shared_tier = bool(spec.redis_url)
+        self.tier = (open_tier(spec.redis_url, ray.get(self.actors[0].item_redis_keys.remote()))
+                     if spec.redis_url else None)   # the router's picture of a shared tier
         placed, self.placement_info = place_items(spec.dataset(), self.item_tokens,
                                                   num_instances, hot_fraction, placement,
                                                   placement_seed)
         held = self._warm(placed)
-        self.instances = live_instances(held, shared_tier=self.shared_tier)
-        self.profile = self._speed_profile(profile, calibrate_cases)
+        self.instances = live_instances(held, self.tier.held if self.tier else None)
+        self.profile = router_profile(profile, lambda: ray.get(
+            self.actors[0].calibrate.remote(calibrate_cases)))
         # the item KV of the whole catalog, for budgets stated as a share of it
         self.placement_info["catalog_item_kv_bytes"] = (
             sum(self.item_tokens.values()) * self.profile.model.kv_bytes_per_token)
@@ -99,35 +105,20 @@ class RayBackend:
                                         daemon=True)
         self._prober.start()
 
-    def _speed_profile(self, how: str | SpeedProfile, cases: int) -> SpeedProfile:
-        """The profile the cost model prices requests with: "calibrate" (fitted to timed
-        rankings on instance 0 now), "builtin" (the unfitted SmolLM2 CPU profile), or a
-        profile object (loaded from a file saved by an earlier calibration)."""
-        if isinstance(how, SpeedProfile):
-            return how
-        if how == "builtin":
-            return cpu_smollm2_profile()
-        if how != "calibrate":
-            raise RcllmError(f"profile must be calibrate, builtin or a loaded profile, not {how!r}")
-        from ..routing import ModelSpec
-        from .calibrate import fit_served_profile
-
-        row = self._ray.get(self.actors[0].calibrate.remote(cases))
-        return fit_served_profile([tuple(p) for p in row["points"]], ModelSpec(**row["model"]))
-
     def use_policy(self, name: str) -> None:
         """Routes with policy `name` from now on (a fresh object: no carried state); affinity
         with this backend's idleness weight (`w_idle`, None: derived per decision)."""
         self.policy = routing_policy(name, self.cost, w_idle=self.w_idle)
 
     def _warm(self, held: list[list[str]]) -> list[list[str]]:
-        """Builds each instance's placed items; returns what the router counts as held: the
-        placement, or without a shared tier what each store kept of it (a shard larger than
-        the store keeps only its last-built part)."""
+        """Builds each instance's placed items; returns what the router counts as held: what
+        each store kept of its placement (a shard larger than the store keeps only its
+        last-built part). Beside a shared tier, what the tier kept joins its picture."""
         self._ray.get([a.build_items.remote(items) for a, items in zip(self.actors, held)])
-        if not self.shared_tier:
-            kept = self._ray.get([a.cached_items.remote() for a in self.actors])
-            held = [sorted(set(h).intersection(k)) for h, k in zip(held, kept)]
+        kept = self._ray.get([a.cached_items.remote() for a in self.actors])
+        held = [sorted(set(h).intersection(k)) for h, k in zip(held, kept)]
+        if self.tier is not None:
+            self.tier.added(self.tier.present())
         self.placement_info["held_after_build"] = [len(h) for h in held]
         return held
 
@@ -164,6 +155,8 @@ class RayBackend:
                 first = False
             home = (self.residency.home(user, payload.get("history"))
                     if self.residency is not None else None)
+            if self.tier is not None:
+                self.tier.drain()           # what a capped tier evicted leaves its picture
             view = cluster_view(live, self.profile, user if home is not None else None, home)
             pos = self.policy.choose(request, view)
             inst = live[pos]
@@ -194,15 +187,22 @@ class RayBackend:
                 self.retries += 1
                 continue
             lost = out.pop("lost_items", None)      # the router's, not the client's
-            inst.finished(estimate_ms, (time.perf_counter() - t0) * 1e3,
-                          list(payload.get("candidates", ())),
-                          None if self.shared_tier else lost)
+            self._answered(inst, estimate_ms, (time.perf_counter() - t0) * 1e3,
+                           list(payload.get("candidates", ())), lost)
             if "error" in out:
                 raise RcllmError(out["error"])
             if self.residency is not None and (
                     method == "prewarm" or out["stats"].get("user_prefix", "off") != "off"):
                 self.residency.note(user, inst.index, payload.get("history"))
             return out
+
+    def _answered(self, inst: LiveInstance, estimate_ms: float, ms: float, served: list[str],
+                  lost: list[str] | None) -> None:
+        """An answer: `inst`'s picture drops what its memory lost and takes the candidates,
+        whose misses are written behind to the shared tier too, when there is one."""
+        inst.finished(estimate_ms, ms, served, lost)
+        if self.tier is not None:
+            self.tier.added(served)
 
     async def _wait(self, inst: LiveInstance, ref) -> dict[str, Any]:
         """The call's answer. TimeoutError once `inst` has answered nothing (this call nor any
@@ -327,13 +327,18 @@ class RayBackend:
         rows = [{"item_id": str(i.item_id), "title": i.title, "description": i.description,
                  "category": i.category} for i in items]
         pending = max(self._on_all("submit_items", rows))
+        ids = [r["item_id"] for r in rows]
         for inst in self.instances:
-            inst.cached.update(r["item_id"] for r in rows)
+            inst.cached.update(ids)
+        if self.tier is not None:       # their (new) chunk keys, written behind to the tier
+            self.tier.joined(self._ray.get(self.actors[0].item_redis_keys.remote(ids)))
         return pending
 
     def delete_item(self, item_id: str) -> bool:
         for inst in self.instances:
             inst.cached.discard(item_id)
+        if self.tier is not None:
+            self.tier.discard(item_id)
         return any(self._on_all("delete_item", item_id))
 
     def get_item(self, item_id: str) -> tuple[Item | None, bool]:
@@ -381,6 +386,8 @@ class RayBackend:
     def close(self) -> None:
         self._stop.set()
         self._prober.join(timeout=self.probe_interval_s + 15)
+        if self.tier is not None:
+            self.tier.close()
         for a in self.actors:
             try:
                 self._ray.kill(a, no_restart=True)

@@ -7,7 +7,9 @@ policy's own service estimate are in the same units (as in the simulator); `serv
 the measured EWMA, used only for Retry-After. `cached` starts as the
 instance's placement (shard + hot items) that stayed in its store and grows with the items it
 served, since chunk misses are cached after the answer; an answer after an eviction carries the
-items the store lost, which leave it (`EngineHost.lost_items`). `suspect`: a call to it timed
+items the store lost, which leave it (`EngineHost.lost_items`). Beside a shared Redis tier,
+`tier` is the router's one picture of what the tier holds (`serve.tier.SharedTier.held`, the
+same set object on every instance): an item there is local everywhere, beside `cached`. `suspect`: a call to it timed
 out; it gets no requests until a probe (`RayBackend`'s probe thread, which clears the flag)
 finds its engine free again.
 
@@ -42,6 +44,7 @@ class LiveInstance:
     suspect: bool = False
     served: int = 0
     failures: list[str] = field(default_factory=list)
+    tier: set[str] | None = None        # the shared tier's items (one set for all); None: none
     # monotonic time of the last answer (or of creation): an instance that answers calls is
     # busy, not stuck, whatever the wait of one call queued behind others (router._wait)
     last_answer_s: float = field(default_factory=time.monotonic)
@@ -52,7 +55,8 @@ class LiveInstance:
         return self.alive and not self.suspect
 
     def view(self, profile: SpeedProfile, extra: frozenset = frozenset()) -> InstanceView:
-        held = self.cached if not extra else _Union(self.cached, extra)
+        parts = [p for p in (extra, self.tier) if p]
+        held = self.cached if not parts else _Union(self.cached, *parts)
         return InstanceView(self.index, self.inflight, self.outstanding_ms, held, profile)
 
     def started(self, estimate_ms: float) -> None:
@@ -78,33 +82,32 @@ class LiveInstance:
         self.cached.update(items)
 
 
-def live_instances(held: list[list[str]], shared_tier: bool = False) -> list[LiveInstance]:
-    """The router's instances, each starting with the items placed on it. Beside a shared
-    tier (Redis) an item chunk built on any instance is written behind to the tier and read
-    through from it by the others (a Redis read, milliseconds, against a recompute): every
-    instance then holds every placed item, so the instances share one `cached` set and item
-    locality stops pulling requests towards one of them (the user side still does)."""
-    if shared_tier:
-        union = set().union(*map(set, held)) if held else set()
-        return [LiveInstance(k, union) for k in range(len(held))]
-    return [LiveInstance(k, set(items)) for k, items in enumerate(held)]
+def live_instances(held: list[list[str]], tier: set[str] | None = None) -> list[LiveInstance]:
+    """The router's instances, each starting with the items placed on it that its store kept.
+    Beside a shared tier (Redis) an item chunk built on any instance is written behind to the
+    tier and read through from it by the others (a Redis read, milliseconds, against a
+    recompute): `tier`, the router's picture of what the tier holds, then counts as held on
+    every instance (the same set object), so an item the tier holds stops pulling requests
+    towards one instance, and one it evicted pulls towards the instances whose memory still
+    holds it."""
+    return [LiveInstance(k, set(items), tier=tier) for k, items in enumerate(held)]
 
 
 class _Union:
-    """`cached | extra` for membership tests without copying the cached set."""
+    """The union of `sets` for membership tests and iteration, without copying them."""
 
-    def __init__(self, base: set, extra: frozenset) -> None:
-        self.base, self.extra = base, extra
+    def __init__(self, *sets) -> None:
+        self.sets = sets
 
     def __contains__(self, x: object) -> bool:
-        return x in self.extra or x in self.base
+        return any(x in s for s in self.sets)
 
     def __iter__(self) -> Iterator[Hashable]:
-        yield from self.extra
-        yield from (x for x in self.base if x not in self.extra)
+        for k, s in enumerate(self.sets):
+            yield from (x for x in s if not any(x in t for t in self.sets[:k]))
 
     def __len__(self) -> int:
-        return len(self.base) + sum(1 for x in self.extra if x not in self.base)
+        return sum(1 for _ in self)
 
 
 def _entry_key(entry: dict) -> tuple:
