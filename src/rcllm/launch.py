@@ -49,28 +49,44 @@ class Adopted:
     adapter: str | None
 
 
-def method_chosen(config: str | None, overrides) -> bool:
-    """Whether reuse.method was set by the user (`--set reuse.method=...` or the YAML file)."""
-    if any(o.split("=", 1)[0].strip() == "reuse.method" for o in overrides):
-        return True
+def chosen_options(config: str | None, overrides) -> frozenset[str]:
+    """The dotted option names the user set (`--set KEY=...` or the YAML file, nested or
+    dotted), whatever their values: an adapter's setting gives way to these only, so setting
+    an option to its default value (`--set reuse.late_layer=20`) is a choice too."""
+    out = {o.split("=", 1)[0].strip() for o in overrides}
     if not config:
-        return False
+        return frozenset(out)
     import yaml
 
     try:
         with open(config, encoding="utf-8") as fh:
             tree = yaml.safe_load(fh) or {}
     except (OSError, yaml.YAMLError):
-        return False          # engine_config() reports the file's problem
-    reuse = tree.get("reuse") if isinstance(tree, dict) else None
-    return (isinstance(reuse, dict) and "method" in reuse) or "reuse.method" in tree
+        return frozenset(out)      # engine_config() reports the file's problem
+    todo = [("", tree)] if isinstance(tree, dict) else []
+    while todo:
+        prefix, node = todo.pop()
+        for key, value in node.items():
+            name = f"{prefix}{key}"
+            if isinstance(value, dict):
+                todo.append((name + ".", value))
+            else:
+                out.add(name)
+    return frozenset(out)
+
+
+def method_chosen(config: str | None, overrides) -> bool:
+    """Whether reuse.method was set by the user (`--set reuse.method=...` or the YAML file)."""
+    return "reuse.method" in chosen_options(config, overrides)
 
 
 def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
-                  keep_method: bool = False) -> Adopted:
+                  keep_method: bool = False, chosen: frozenset[str] | None = None) -> Adopted:
     """`cfg` with the adapter at `adapter` (else model.adapter) set, its prompt settings and —
     unless `keep_method` (the user chose reuse.method, see `method_chosen`) — the method it was
     trained for; the scorer is `scorer` when given, else the adapter's, else the verbalizer.
+    `chosen`: the options the user set (`chosen_options`), which the adapter's fast path does
+    not override (None: those that differ from their defaults).
     Raises RcllmError for an unreadable adapter or conflicting prompt settings (see
     finetune.adapter.eval_settings)."""
     path = adapter or cfg.model.adapter or None
@@ -78,7 +94,7 @@ def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
         return Adopted(cfg, scorer or "verbalizer", None)
     from .finetune.adapter import eval_settings, trained_method, trained_scorer
 
-    cfg, _fractions, _seed = eval_settings(cfg, path)
+    cfg, _fractions, _seed = eval_settings(cfg, path, chosen)
     if not keep_method:
         cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse,
                                                                  method=trained_method(path)))

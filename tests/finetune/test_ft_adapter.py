@@ -150,6 +150,37 @@ def test_an_overlap_fast_path_is_served_with_its_selection_and_ratio(tmp_path):
     assert eval_settings(mine, folder)[0].reuse.item_ratio == 0.5
 
 
+def test_an_option_the_user_set_wins_even_at_its_default_value(tmp_path):
+    """A manifest naming late@5: --set reuse.late_layer=20 (the default's value) is served at
+    20, as any other explicit layer; an option set in the YAML file counts too."""
+    from rcllm.config import PROMPT_VERSION
+    from rcllm.finetune.adapter import record_fast_path
+    from rcllm.finetune.config import default_prompt
+    from rcllm.launch import chosen_options
+    from rcllm.model.adapter_file import FORMAT
+
+    folder = tmp_path / "a"
+    folder.mkdir()
+    manifest = {"format": FORMAT, "prompt_version": PROMPT_VERSION,
+                "prompt": dataclasses.asdict(default_prompt()), "split": {
+        "fractions": [0.8, 0.1, 0.1], "seed": 0}, "fast_path": None}
+    (folder / "adapter.json").write_text(json.dumps(manifest))
+    record_fast_path(folder, {"method": "late", "late_layer": 5, "item_tail": 1,
+                              "user_side": "exact"})
+    default = RcllmConfig()
+    assert default.reuse.late_layer == 20
+    assert eval_settings(default, folder)[0].reuse.late_layer == 5        # adopted
+    chosen = chosen_options(None, ["reuse.late_layer=20"])
+    got = eval_settings(default, folder, chosen)[0].reuse
+    assert got.late_layer == 20 and got.user_side == "behind" and got.item_tail == 1
+    yaml_file = tmp_path / "opts.yaml"
+    yaml_file.write_text("reuse:\n  user_side: reuse\nreuse.item_tail: 0\n")
+    chosen = chosen_options(str(yaml_file), [])
+    assert chosen == {"reuse.user_side", "reuse.item_tail"}
+    got = eval_settings(default, folder, chosen)[0].reuse
+    assert (got.late_layer, got.user_side, got.item_tail) == (5, "reuse", 0)
+
+
 def test_eval_scorer_follows_the_objective(adapter, tiny_ft_config, fav_dataset, tmp_path):
     _, folder = adapter
     assert trained_scorer(folder) == "pointwise"

@@ -111,7 +111,9 @@ def _settings(args):
     if args.adapter:
         from ..finetune.adapter import eval_settings, trained_scorer
 
-        cfg, _, _ = eval_settings(cfg, args.adapter)
+        from ..launch import chosen_options
+
+        cfg, _, _ = eval_settings(cfg, args.adapter, chosen_options(args.config, args.overrides))
         scorer = args.scorer or trained_scorer(args.adapter)
     return cfg, scorer
 

@@ -106,7 +106,10 @@ def _settings(args):
     if adapter:
         from ..finetune.adapter import eval_settings, trained_scorer
 
-        cfg, fractions, split_seed = eval_settings(cfg, adapter)
+        from ..launch import chosen_options
+
+        cfg, fractions, split_seed = eval_settings(
+            cfg, adapter, chosen_options(args.config, args.overrides))
         scorer = args.scorer or trained_scorer(adapter)
         print(f"adapter {adapter}: prompt settings {cfg.prompt}")
     args.scorer = scorer

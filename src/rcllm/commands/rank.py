@@ -80,11 +80,12 @@ def kv_dir_of(args, cfg) -> str | None:
 
 def run(args) -> int:
     from ..kvstore.wiring import close_store, tiers
-    from ..launch import adopt_adapter, make_stored_engine, method_chosen
+    from ..launch import adopt_adapter, chosen_options, make_stored_engine
 
     req, method, overrides = parse_request(args.request)
+    chosen = chosen_options(args.config, args.overrides)
     adopted = adopt_adapter(engine_config(args), args.adapter, args.scorer,
-                            keep_method=method_chosen(args.config, args.overrides))
+                            keep_method="reuse.method" in chosen, chosen=chosen)
     ds = load_data(args)
     kv_dir = kv_dir_of(args, adopted.cfg)
     engine = make_stored_engine(adopted.cfg, ds.items, adopted.scorer, kv_dir)

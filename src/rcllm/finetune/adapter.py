@@ -85,12 +85,14 @@ def trained_prompt(manifest: dict):
     return PromptConfig(**{**LEGACY_PROMPT, **manifest["prompt"]})
 
 
-def eval_settings(cfg, path: str | Path):
+def eval_settings(cfg, path: str | Path, chosen: frozenset[str] | None = None):
     """The engine config to evaluate the adapter at `path` with, and its (fractions, seed) user
     split: model.adapter is set and the prompt settings it was trained with are adopted, and
-    the item tail of the fast path it was trained for (`fast_path.item_tail` →
-    `reuse.item_tail`); when that path had the user side exact, the user side is cached
-    exactly (`reuse.user_side=behind`). An adapter of another prompt version is refused.
+    the fast path its manifest names (`fast_path`: its item tail, late layer, rcllm selection
+    and ratios); when that path had the user side exact, the user side is cached exactly
+    (`reuse.user_side=behind`). An adapter of another prompt version is refused. A reuse option
+    in `chosen` (the dotted names the user set, `launch.chosen_options`) is kept whatever its
+    value; with `chosen` None, one that differs from its default is kept.
 
     `cfg` is an RcllmConfig; a prompt that was changed from the defaults and differs from the
     adapter's is refused (the ranker would be scored on prompts it never saw).
@@ -109,27 +111,29 @@ def eval_settings(cfg, path: str | Path):
                               model=dataclasses.replace(cfg.model, adapter=str(path)))
     fast = fast_path(manifest)
     if fast:
-        tail = int(fast["item_tail"])
-        if tail and not cfg.reuse.item_tail:  # the item tail it was trained to compute
-            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, item_tail=tail))
-        if fast.get("method") == "late" and cfg.reuse.late_layer == ReuseConfig().late_layer:
-            # validated as late@s: the served late method joins the user at that layer (an
-            # explicit --set reuse.late_layer other than the default wins)
-            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(
-                cfg.reuse, late_layer=int(fast["late_layer"])))
         base = ReuseConfig()
-        if fast.get("method") == "rcllm" and cfg.reuse.rcllm_select == base.rcllm_select:
-            # validated as rcllm with a selection at its budget: served with them (a setting
-            # the command changed from its default wins)
-            adopt = {name: type(getattr(base, name))(fast[name])
-                     for name in ("rcllm_select", "overlap_fill", "item_ratio", "history_ratio")
-                     if name in fast and getattr(cfg.reuse, name) == getattr(base, name)}
-            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, **adopt))
-        if fast.get("user_side") == "exact" and cfg.reuse.user_side == "reuse":
+
+        def free(name: str) -> bool:     # the adapter may set reuse.<name>
+            if chosen is not None:
+                return f"reuse.{name}" not in chosen
+            return getattr(cfg.reuse, name) == getattr(base, name)
+
+        adopt = {}
+        if int(fast["item_tail"]) and free("item_tail"):   # the tail it was trained to compute
+            adopt["item_tail"] = int(fast["item_tail"])
+        if fast.get("method") == "late" and free("late_layer"):
+            # validated as late@s: the served late method joins the user at that layer
+            adopt["late_layer"] = int(fast["late_layer"])
+        if fast.get("method") == "rcllm" and free("rcllm_select"):
+            # validated as rcllm with a selection at its budget: served with them
+            adopt.update({name: type(getattr(base, name))(fast[name])
+                          for name in ("rcllm_select", "overlap_fill", "item_ratio",
+                                       "history_ratio") if name in fast and free(name)})
+        if fast.get("user_side") == "exact" and free("user_side"):
             # trained with the user side exact: the user-prefix cache serves it exactly (built
             # behind the answer of a miss, which itself is served from reused history chunks)
-            cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse,
-                                                                     user_side="behind"))
+            adopt["user_side"] = "behind"
+        cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse, **adopt))
     split = manifest["split"]
     return cfg, tuple(split["fractions"]), int(split["seed"])
 

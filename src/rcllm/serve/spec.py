@@ -35,10 +35,11 @@ class EngineSpec:
     def engine_config(self):
         """(config, scorer) with the adapter adopted (prompt settings, default method)."""
         from ..launch import engine_config
-        from ..launch import adopt_adapter, method_chosen
+        from ..launch import adopt_adapter, chosen_options
 
+        chosen = chosen_options(self.config, self.overrides)
         adopted = adopt_adapter(engine_config(self._args()), self.adapter, self.scorer,
-                                keep_method=method_chosen(self.config, self.overrides))
+                                keep_method="reuse.method" in chosen, chosen=chosen)
         return adopted.cfg, adopted.scorer
 
     def build(self):
