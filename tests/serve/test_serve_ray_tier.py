@@ -49,6 +49,9 @@ def test_the_router_learns_what_a_capped_tier_evicts(tiny_model_dir, rank_bodies
                 body = {**rank_bodies[0], "method": "naive"}
                 r = c.post("/v1/rank", json=body)           # the router drains first
                 assert r.status_code == 200, r.text
+                metrics = c.get("/metrics").text
+            assert "rcllm_router_tier_watching 1.0" in metrics
+            assert f"rcllm_router_tier_evicted_total {float(tier.evicted)}" in metrics
             # the evicted items left the picture, the request's candidates joined it again
             assert len(tier.held) < held_before + len(body["candidates"])
             assert set(body["candidates"]) <= tier.held

@@ -115,7 +115,7 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
             # the items the router counts as held by each instance's own store after the cell
             # (views.LiveInstance), and beside a Redis tier its picture of the tier (tier.py)
             "held_items": [len(i.cached) for i in backend.instances],
-            **(backend.tier.stats() if getattr(backend, "tier", None) is not None else {}),
+            **(backend.tier_stats() or {}),
             "reference_ms": reference,
             # the machine's 1-min load average before and after the cell: a quiet 2-core
             # machine running this sweep stays near 2-3

@@ -68,7 +68,8 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
                   description="LLM recommendation ranking with beyond-prefix KV reuse")
     metrics = Metrics(backend.queue_depth, backend.pending,
                       getattr(backend, "store_stats", None),
-                      getattr(backend, "user_prefix_stats", None))
+                      getattr(backend, "user_prefix_stats", None),
+                      getattr(backend, "tier_stats", None))
     app.state.metrics = metrics
     _install_handlers(app, metrics)
 

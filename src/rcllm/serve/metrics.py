@@ -157,16 +157,42 @@ class UserPrefixCollector:
                                 value=row.get("hits", 0) / looked if looked else 0.0)
 
 
+class TierPictureCollector:
+    """The router's picture of a shared Redis tier (`serve.tier.SharedTier.stats`): the items
+    it counts as held, the evictions and expiries it learnt from Redis, its resyncs and watch
+    errors, and whether it is watching now (0 means evictions go unlearnt). Nothing without a
+    shared tier."""
+
+    COUNTERS = ("evicted", "expired", "resyncs", "watch_errors")
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.stats = stats
+
+    def collect(self):
+        row = self.stats()
+        if not row:
+            return
+        for name in self.COUNTERS:
+            yield CounterMetricFamily(f"rcllm_router_tier_{name}", f"shared tier {name} the "
+                                      "router learnt", value=row[f"tier_{name}"])
+        yield GaugeMetricFamily("rcllm_router_tier_items", "items the router counts as held "
+                                "by the shared tier", value=row["tier_items"])
+        yield GaugeMetricFamily("rcllm_router_tier_watching", "1 while the router reads the "
+                                "tier's eviction events", value=float(row["tier_watching"]))
+
+
 class Metrics:
     def __init__(self, queue_depth: Callable[[], int], pending: Callable[[], int],
                  store_stats: Callable[[], dict[str, dict[str, int]]] | None = None,
-                 user_prefix_stats: Callable[[], dict[str, float] | None] | None = None
-                 ) -> None:
+                 user_prefix_stats: Callable[[], dict[str, float] | None] | None = None,
+                 tier_stats: Callable[[], dict[str, Any] | None] | None = None) -> None:
         r = self.registry = CollectorRegistry()
         if store_stats is not None:
             r.register(StoreCollector(store_stats, user_prefix_stats))
         if user_prefix_stats is not None:
             r.register(UserPrefixCollector(user_prefix_stats))
+        if tier_stats is not None:
+            r.register(TierPictureCollector(tier_stats))
         self.prewarms = Counter("rcllm_prewarm", "POST /v1/prewarm answered, by whether the "
                                 "user side was computed or already cached", ["result"],
                                 registry=r)

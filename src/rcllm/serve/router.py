@@ -311,6 +311,9 @@ class RayBackend:
         rows = [r for r in self._on_all("user_prefix_stats") if r]
         return {k: sum(r.get(k, 0) for r in rows) for k in rows[0]} if rows else None
 
+    def tier_stats(self) -> dict[str, object] | None:
+        return self.tier.stats() if self.tier is not None else None
+
     def store_stats(self) -> dict[str, dict[str, int]]:
         """Per-tier chunk-store counters summed over the usable instances; the shared Redis
         tier's bytes and entries are what one instance sees (the max), not a sum."""
