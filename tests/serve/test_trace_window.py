@@ -43,6 +43,9 @@ def test_the_users_window_keeps_the_mix_of_users_the_tail_loses():
     assert s["users_per_100_requests"] == pytest.approx(100 * len(set(users.users)) / 20)
     assert tail.summary()["users_per_100_requests"] < s["users_per_100_requests"]
     assert np.isfinite(s["gap_cv"]) and s["gap_cv"] > 0
+    # the working set: distinct candidate items over the requests
+    assert s["candidate_items"] == len({i for b in users.bodies for i in b["candidates"]})
+    assert 6 <= s["candidate_items"] <= 20 * 6
 
 
 def test_timestamps_with_seconds_keep_their_gaps_whole_days_are_spread():

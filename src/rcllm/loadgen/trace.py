@@ -90,7 +90,10 @@ class Trace:
                 "window": self.window, "session_gap_s": self.session_gap_s,
                 "span_days": float((self.times_s[-1] - self.times_s[0]) / DAY_S)
                 if len(self.times_s) else 0.0,
-                "retrieval_recall": self.retrieval_recall}
+                "retrieval_recall": self.retrieval_recall,
+                # the working set: distinct items over every request's candidates (placement
+                # and routing can only decide hits where it outgrows an instance's item budget)
+                "candidate_items": len({i for b in self.bodies for i in b["candidates"]})}
 
 
 def parse_window(spec: str) -> tuple[str, float]:
