@@ -57,6 +57,9 @@ def test_the_router_learns_what_a_capped_tier_evicts(tiny_model_dir, rank_bodies
             assert set(body["candidates"]) <= tier.held
             gone = (set(backend.item_tokens) - tier.present()) - set(body["candidates"])
             assert gone and not (gone & tier.held)
+            # what each instance's memory holds beyond the tier's picture, counted
+            missing = backend.tier_stats()["tier_missing_held"]
+            assert missing == [len(i.cached - tier.held) for i in backend.instances]
         finally:
             running.stop()
     finally:

@@ -312,7 +312,7 @@ class RayBackend:
         return {k: sum(r.get(k, 0) for r in rows) for k in rows[0]} if rows else None
 
     def tier_stats(self) -> dict[str, object] | None:
-        return self.tier.stats() if self.tier is not None else None
+        return self.tier.stats([i.cached for i in self.instances]) if self.tier else None
 
     def store_stats(self) -> dict[str, dict[str, int]]:
         """Per-tier chunk-store counters summed over the usable instances; the shared Redis

@@ -104,8 +104,12 @@ class SharedTier:
                 n += 1
         return n
 
-    def stats(self) -> dict[str, object]:
-        return {"tier_items": len(self.held), "tier_evicted": self.evicted,
+    def stats(self, local: list[set[str]] | None = None) -> dict[str, object]:
+        """Its counters; with the instances' own memories (`local`), also how many items each
+        holds that the tier does not (`tier_missing_held`): where locality can still pull."""
+        extra = ({"tier_missing_held": [len(c - self.held) for c in local]}
+                 if local is not None else {})
+        return {**extra, "tier_items": len(self.held), "tier_evicted": self.evicted,
                 "tier_expired": self.expired, "tier_resyncs": self.resyncs,
                 "tier_watch_errors": self.errors, "tier_watching": self.watching}
 
