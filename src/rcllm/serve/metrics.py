@@ -127,20 +127,30 @@ class StoreCollector:
         yield size
 
 
-class UserPrefixCollector:
+class _RowCollector:
+    """Families made from one stats row read at scrape time (`families`); a None or empty row
+    exports nothing."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.stats = stats
+
+    def collect(self):
+        row = self.stats()
+        if row:
+            yield from self.families(row)
+
+    def families(self, row: dict[str, Any]):
+        raise NotImplementedError
+
+
+class UserPrefixCollector(_RowCollector):
     """The user-prefix cache's counters at scrape time, from `stats()` (UserPrefixCache.stats,
     or None when the deployment has no user-prefix cache: nothing is exported)."""
 
     COUNTERS = ("hits", "misses", "expired", "evictions", "spill_hits")
     GAUGES = ("bytes", "entries")
 
-    def __init__(self, stats: Callable[[], dict[str, float] | None]) -> None:
-        self.stats = stats
-
-    def collect(self):
-        row = self.stats()
-        if not row:
-            return
+    def families(self, row: dict[str, Any]):
         for name in self.COUNTERS:
             if name in row:
                 c = CounterMetricFamily(f"rcllm_userprefix_{name}",
@@ -157,7 +167,7 @@ class UserPrefixCollector:
                                 value=row.get("hits", 0) / looked if looked else 0.0)
 
 
-class TierPictureCollector:
+class TierPictureCollector(_RowCollector):
     """The router's picture of a shared Redis tier (`serve.tier.SharedTier.stats`): the items
     it counts as held, the evictions and expiries it learnt from Redis, its resyncs and watch
     errors, and whether it is watching now (0 means evictions go unlearnt). Nothing without a
@@ -165,13 +175,7 @@ class TierPictureCollector:
 
     COUNTERS = ("evicted", "expired", "resyncs", "watch_errors")
 
-    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
-        self.stats = stats
-
-    def collect(self):
-        row = self.stats()
-        if not row:
-            return
+    def families(self, row: dict[str, Any]):
         for name in self.COUNTERS:
             yield CounterMetricFamily(f"rcllm_router_tier_{name}", f"shared tier {name} the "
                                       "router learnt", value=row[f"tier_{name}"])
