@@ -75,18 +75,13 @@ def chosen_options(config: str | None, overrides) -> frozenset[str]:
     return frozenset(out)
 
 
-def method_chosen(config: str | None, overrides) -> bool:
-    """Whether reuse.method was set by the user (`--set reuse.method=...` or the YAML file)."""
-    return "reuse.method" in chosen_options(config, overrides)
-
-
 def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
-                  keep_method: bool = False, chosen: frozenset[str] | None = None) -> Adopted:
-    """`cfg` with the adapter at `adapter` (else model.adapter) set, its prompt settings and —
-    unless `keep_method` (the user chose reuse.method, see `method_chosen`) — the method it was
-    trained for; the scorer is `scorer` when given, else the adapter's, else the verbalizer.
-    `chosen`: the options the user set (`chosen_options`), which the adapter's fast path does
-    not override (None: those that differ from their defaults).
+                  chosen: frozenset[str] | None = None) -> Adopted:
+    """`cfg` with the adapter at `adapter` (else model.adapter) set, its prompt settings and
+    the fast path its manifest names, keeping the options the user set (`chosen`, from
+    `chosen_options`; None: those that differ from their defaults, and the method is the
+    adapter's): its method unless reuse.method is among them. The scorer is `scorer` when
+    given, else the adapter's, else the verbalizer.
     Raises RcllmError for an unreadable adapter or conflicting prompt settings (see
     finetune.adapter.eval_settings)."""
     path = adapter or cfg.model.adapter or None
@@ -95,7 +90,7 @@ def adopt_adapter(cfg: RcllmConfig, adapter: str | None, scorer: str | None,
     from .finetune.adapter import eval_settings, trained_method, trained_scorer
 
     cfg, _fractions, _seed = eval_settings(cfg, path, chosen)
-    if not keep_method:
+    if chosen is None or "reuse.method" not in chosen:
         cfg = dataclasses.replace(cfg, reuse=dataclasses.replace(cfg.reuse,
                                                                  method=trained_method(path)))
     return Adopted(cfg, scorer or trained_scorer(path), str(path))

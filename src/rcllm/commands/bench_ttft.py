@@ -110,7 +110,6 @@ def _settings(args):
     scorer = args.scorer or args.default_scorer
     if args.adapter:
         from ..finetune.adapter import eval_settings, trained_scorer
-
         from ..launch import chosen_options
 
         cfg, _, _ = eval_settings(cfg, args.adapter, chosen_options(args.config, args.overrides))

@@ -105,7 +105,6 @@ def _settings(args):
     scorer = args.scorer or "verbalizer"
     if adapter:
         from ..finetune.adapter import eval_settings, trained_scorer
-
         from ..launch import chosen_options
 
         cfg, fractions, split_seed = eval_settings(

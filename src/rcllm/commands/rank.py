@@ -83,9 +83,8 @@ def run(args) -> int:
     from ..launch import adopt_adapter, chosen_options, make_stored_engine
 
     req, method, overrides = parse_request(args.request)
-    chosen = chosen_options(args.config, args.overrides)
     adopted = adopt_adapter(engine_config(args), args.adapter, args.scorer,
-                            keep_method="reuse.method" in chosen, chosen=chosen)
+                            chosen_options(args.config, args.overrides))
     ds = load_data(args)
     kv_dir = kv_dir_of(args, adopted.cfg)
     engine = make_stored_engine(adopted.cfg, ds.items, adopted.scorer, kv_dir)

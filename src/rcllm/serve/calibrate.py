@@ -65,8 +65,6 @@ def fit_served_profile(points: list[Point], model: ModelSpec) -> SpeedProfile:
     return fitted.replace(name=base.name)
 
 
-
-
 def router_profile(how: str | SpeedProfile, calibrate) -> SpeedProfile:
     """The profile a router's cost model prices requests with: "calibrate" (fitted to timed
     rankings now: `calibrate()` returns an instance's `calibrate` row), "builtin" (the

@@ -128,8 +128,8 @@ class StoreCollector:
 
 
 class _RowCollector:
-    """Families made from one stats row read at scrape time (`families`); a None or empty row
-    exports nothing."""
+    """Families made from one stats row read at scrape time by the subclass's `families(row)`;
+    a None or empty row exports nothing."""
 
     def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
         self.stats = stats
@@ -138,9 +138,6 @@ class _RowCollector:
         row = self.stats()
         if row:
             yield from self.families(row)
-
-    def families(self, row: dict[str, Any]):
-        raise NotImplementedError
 
 
 class UserPrefixCollector(_RowCollector):

@@ -37,9 +37,8 @@ class EngineSpec:
         from ..launch import engine_config
         from ..launch import adopt_adapter, chosen_options
 
-        chosen = chosen_options(self.config, self.overrides)
         adopted = adopt_adapter(engine_config(self._args()), self.adapter, self.scorer,
-                                keep_method="reuse.method" in chosen, chosen=chosen)
+                                chosen_options(self.config, self.overrides))
         return adopted.cfg, adopted.scorer
 
     def build(self):
