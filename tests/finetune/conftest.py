@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from rcllm.config import ModelConfig, PromptConfig
 from rcllm.eval.datasets import load_dataset
@@ -36,3 +37,27 @@ def tiny_ft_config(tiny_model_dir, tmp_path):
         cfg.validate()
         return cfg
     return make
+
+
+@pytest.fixture
+def scores_and_grads():
+    """(scores per path, LoRA gradients) of one training draw, the trainer's adapter installed
+    (the gradients of its loss, then the scores of both paths without a graph)."""
+    from rcllm.finetune.lora import LoraPatch
+
+    def run(t, draw):
+        patch = LoraPatch(t.model, t.lora, t._base)
+        patch.install()
+        try:
+            loss, _ = t.loss_of(draw)
+            loss.backward()
+            grads = {k: p.grad.clone() for k, p in t.lora.factors.items()}
+            t.opt.zero_grad()
+            with torch.no_grad():
+                ex = draw.example
+                scores = t.scores(ex.user_id, ex.history, draw.candidates,
+                                  ("full", "reuse")).scores
+        finally:
+            patch.restore()
+        return scores, grads
+    return run

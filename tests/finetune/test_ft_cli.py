@@ -178,14 +178,21 @@ def test_bench_finetune_prints_each_variant_against_the_first(tiny_model_dir, tm
     small = [x for x in TINY_TRAIN if x != "lora.first_layer=1"][:-1]  # every option but that
     out_json = tmp_path / "tp.json"
     rc = main(["bench", "finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
-               *small, "--variants", "1:0,1:2", "--prompts", "2", "--json", str(out_json)])
+               *small, "--variants", "1:0,1:2:whole,1:2", "--prompts", "2",
+               "--json", str(out_json)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "| 1 thread, LoRA from layer 0 |" in out and "| 1 thread, LoRA from layer 2 |" in out
+    assert "| 1 thread, LoRA from layer 2, chunk pass whole |" in out
     report = json.loads(out_json.read_text())
     assert report["name"] == "bench_finetune"
     rows = report["rows"]
-    assert [(r["first_layer"], r["cached"]) for r in rows] == [(0, False), (2, True)]
+    assert [(r["first_layer"], r["cached"], r["item_cache"]) for r in rows] == [
+        (0, False, True), (2, True, False), (2, True, True)]
     assert all(r["first_per_s"] > 0 and r["again_per_s"] > 0 for r in rows)
     assert rows[0]["again_per_s"] == rows[0]["first_per_s"]  # nothing to reuse from layer 0
-    assert main(["bench", "finetune", "--variants", "2-20"]) == 2  # refused before loading
+    # only the variant that keeps item states (below a frozen layer) warms the timed items
+    assert rows[0]["items_held"] == rows[1]["items_held"] == 0 < rows[2]["items_held"]
+    assert 0 < rows[2]["epoch_item_share"] < 1
+    for bad in ("2-20", "2:20:x", "2:20:whole:1"):
+        assert main(["bench", "finetune", "--variants", bad]) == 2  # refused before loading

@@ -11,7 +11,6 @@ import torch
 from rcllm.config import ReuseConfig
 from rcllm.eval.protocol import split_users
 from rcllm.finetune.config import LoraConfig
-from rcllm.finetune.lora import LoraPatch
 from rcllm.finetune.trainer import Trainer
 from rcllm.model.loading import load_model
 from rcllm.prefill.selection import SelectionPolicy, selection_policy
@@ -26,26 +25,8 @@ def _trainer(cfg, ds, folder, first_layer: int, cache_gb: float):
     return Trainer(load_model(cfg.model), ds, train_users, cfg, folder, "k", val_users)
 
 
-def _scores_and_grads(t, draw):
-    patch = LoraPatch(t.model, t.lora, t._base)
-    patch.install()
-    try:
-        loss, _ = t.loss_of(draw)
-        loss.backward()
-    finally:
-        patch.restore()
-    grads = {k: p.grad.clone() for k, p in t.lora.factors.items()}
-    t.opt.zero_grad()
-    ex = draw.example
-    patch.install()
-    with torch.no_grad():
-        scores = t.scores(ex.user_id, ex.history, draw.candidates, ("full", "reuse")).scores
-    patch.restore()
-    return scores, grads
-
-
 def test_a_cached_prompt_scores_and_trains_as_a_whole_pass(tiny_ft_config, fav_dataset,
-                                                           tmp_path):
+                                                           tmp_path, scores_and_grads):
     cfg = tiny_ft_config(candidates=3, reuse_tail=1)
     whole = _trainer(cfg, fav_dataset, tmp_path / "w", first_layer=2, cache_gb=0)
     cached = _trainer(cfg, fav_dataset, tmp_path / "c", first_layer=2, cache_gb=1)
@@ -55,9 +36,9 @@ def test_a_cached_prompt_scores_and_trains_as_a_whole_pass(tiny_ft_config, fav_d
             p.copy_(torch.randn_like(p) * 0.3)
             cached.lora.factors[name].copy_(p)
     draw = whole.stream.draw(0)
-    want, want_g = _scores_and_grads(whole, draw)
+    want, want_g = scores_and_grads(whole, draw)
     for _ in range(2):  # the first scoring records the frozen states, the next ones start there
-        got, got_g = _scores_and_grads(cached, draw)
+        got, got_g = scores_and_grads(cached, draw)
         for path in ("full", "reuse"):
             torch.testing.assert_close(got[path], want[path], rtol=1e-5, atol=1e-5)
         for name in want_g:
@@ -65,7 +46,7 @@ def test_a_cached_prompt_scores_and_trains_as_a_whole_pass(tiny_ft_config, fav_d
     assert cached.scorer.cache.hits >= 3 and len(cached.scorer.cache.held) == 1
     flipped = dataclasses.replace(draw, candidates=draw.candidates[::-1],
                                   target_index=len(draw.candidates) - 1 - draw.target_index)
-    got, _ = _scores_and_grads(cached, flipped)  # another order: the same entry, same scores
+    got, _ = scores_and_grads(cached, flipped)  # another order: the same entry, same scores
     for path in ("full", "reuse"):
         torch.testing.assert_close(got[path], want[path].flip(0), rtol=1e-5, atol=1e-5)
     assert len(cached.scorer.cache.held) == 1

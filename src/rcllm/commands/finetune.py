@@ -89,10 +89,13 @@ def register(top, bench) -> None:
     _data_options(b)
     b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a finetune option for every variant (see rcllm finetune --help)")
-    b.add_argument("--variants", default="1:0,2:0,2:20", metavar="T:L,...",
-                   help="THREADS:FIRST_LAYER per variant; ratios are against the first "
-                        "(default 1:0,2:0,2:20: one thread adapting every layer, the former "
-                        "default; both cores; both cores from layer 20, the default)")
+    b.add_argument("--variants", default="1:0,2:0,2:20:whole,2:20", metavar="T:L[:whole],...",
+                   help="THREADS:FIRST_LAYER per variant, :whole to compute the reuse path's "
+                        "chunk pass\nwhole in every prompt (train.item_cache=false); ratios are "
+                        "against the first\n(default 1:0,2:0,2:20:whole,2:20: one thread "
+                        "adapting every layer, the former\ndefault; both cores; both cores from "
+                        "layer 20 without, then with, the item\nchunks' states kept, the "
+                        "default)")
     b.add_argument("--prompts", type=int, default=4, help="timed prompts per pass (default 4)")
     b.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     b.set_defaults(func=run_bench)

@@ -115,6 +115,10 @@ class TrainConfig:
                                   "fresh: new negatives every time it is drawn")
     frozen_cache_gb: float = opt(6.0, "memory for the frozen layers' outputs per prompt "
                                       "(training and validation prompts; exact); 0 = off")
+    item_cache: bool = opt(True, "keep the reuse path's chunk pass below the first adapted "
+                                 "(or the late) layer per item chunk, in frozen_cache_gb, so "
+                                 "a prompt computes it only for items no earlier prompt held "
+                                 "(exact)")
     targets: str = opt("all", "last: each training user's last item; all: every item after "
                                "the first (more, earlier targets)")
     max_examples: int = opt(2048, "most training examples (0 = all): beyond it each user's "
@@ -222,8 +226,8 @@ class FinetuneConfig:
         tree = dataclasses.asdict(self)
         for name in ("threads", "cache_dir", "adapter"):
             tree["model"].pop(name)
-        for name in ("checkpoint_every", "log_every", "frozen_cache_gb", "max_examples",
-                     "choice_targets"):
+        for name in ("checkpoint_every", "log_every", "frozen_cache_gb", "item_cache",
+                     "max_examples", "choice_targets"):
             tree["train"].pop(name)  # max_examples: run_key adds the count when the cap binds
         t = tree["train"]
         if self.train.path == "full":  # options of the other paths change nothing

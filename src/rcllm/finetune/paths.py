@@ -32,6 +32,7 @@ from ..prefill.layout import Layout
 from ..prefill.selective import Frozen, PrefillInputs, prefill
 from ..prompt.builder import KINDS, RankRequest
 from ..records import HistoryEntry, ItemId, UserId
+from .itemstates import Budget, ItemStates
 
 PATHS = ("full", "reuse")
 
@@ -68,13 +69,18 @@ class PathScores:
 
 
 class FrozenCache:
-    """The frozen layers' output per prompt (`Frozen` of the main pass and of the chunk pass),
-    kept up to `limit` bytes (later prompts are computed whole once it is full)."""
+    """The frozen layers' output per prompt: the prompt pass's `Frozen`, and its chunk pass's
+    when item chunks' states are not kept (`train.item_cache=false`), kept while the `budget`
+    it shares with those states allows (later prompts are computed whole)."""
 
-    def __init__(self, layer: int, limit: int):
-        self.layer, self.limit, self.used = layer, limit, 0
+    def __init__(self, layer: int, budget: Budget):
+        self.layer, self.budget = layer, budget
         self.held: dict = {}
         self.hits = 0
+
+    @property
+    def used(self) -> int:
+        return self.budget.used
 
     def get(self, key) -> tuple[Frozen, Frozen | None] | None:
         got = self.held.get(key)
@@ -82,10 +88,8 @@ class FrozenCache:
         return got
 
     def put(self, key, main: Frozen, chunk: Frozen | None) -> None:
-        size = main.nbytes + (chunk.nbytes if chunk is not None else 0)
-        if self.used + size <= self.limit:
+        if self.budget.take(main.nbytes + (chunk.nbytes if chunk is not None else 0)):
             self.held[key] = (main, chunk)
-            self.used += size
 
 
 class PathScorer:
@@ -95,10 +99,15 @@ class PathScorer:
     `frozen_layer` > 0: the weights below that layer never change (LoRA from `lora.first_layer`
     on), so the states entering it are a function of the prompt: the first scoring of a prompt
     records them (up to `cache_bytes`) and later scorings of the same prompt (the next epoch, the
-    next validation) run only the layers from there on. Exact: the scores are the same."""
+    next validation) run only the layers from there on. The reuse path's isolated chunk pass
+    below that layer (below the late layer on the late path) is a function of each chunk alone:
+    `itemstates.ItemStates` keeps it per item chunk, within the same `cache_bytes`, from the
+    first prompt that holds the chunk on (`item_cache`, `train.item_cache`). Exact: the scores
+    are the same."""
 
     def __init__(self, model, pw, tail: int, frozen_layer: int = 0, cache_bytes: int = 0,
-                 select: SelectionPolicy | None = None, late: int = 0):
+                 select: SelectionPolicy | None = None, late: int = 0,
+                 item_cache: bool = True):
         if late and not (0 < late < model.arch.num_layers
                          and (frozen_layer == 0 or late <= frozen_layer)):
             raise ValueError(f"late layer {late} must be within 1..num_layers-1 and at most "
@@ -107,8 +116,13 @@ class PathScorer:
         self._naive = SelectionPolicy(ReuseConfig(method="naive"))  # compute what is not given
         # the prompt pass's selection: which reused tokens it computes besides the fresh ones
         self.select = select if select is not None else self._naive
-        self.cache = (FrozenCache(frozen_layer, cache_bytes)
-                      if frozen_layer > 0 and cache_bytes > 0 else None)
+        budget = Budget(cache_bytes) if frozen_layer > 0 and cache_bytes > 0 else None
+        self.cache = FrozenCache(frozen_layer, budget) if budget is not None else None
+        # the isolated chunk pass below the late layer, or below the first trained one
+        kept = budget if item_cache else None
+        below = late or (frozen_layer if kept is not None else 0)
+        self.items = (ItemStates(model, self._chunk_context(), below, self._inputs, kept)
+                      if below else None)
 
     def score(self, user_id: UserId, history: tuple[HistoryEntry, ...],
               candidates: tuple[ItemId, ...], paths: tuple[str, ...]) -> PathScores:
@@ -133,8 +147,7 @@ class PathScorer:
                 kind += k
                 offset += o
                 ranges.append((s, len(ids)))
-                # late: the whole chunk is reused below the late layer, computed from it up
-                keep = len(chunk) - (0 if self.late else min(self.tail, len(chunk)))
+                keep = self._reused_tokens(len(chunk))
                 if path == "reuse" and keep:
                     reused.append(((s, s + keep), c))
         inp = self._inputs(ids, ranges, (kind, offset))
@@ -147,7 +160,7 @@ class PathScorer:
             if main is None:    # a cached main pass starts at or above the late layer
                 join = [self._late_from_chunks(inp, blocks, reused)]
         elif reused:
-            chunk = self._fill_from_chunks(inp, blocks, reused, chunk, capture)
+            chunk = self._fill_from_chunks(inp, blocks, reused, main, chunk, capture)
         res = prefill(self.model, inp, self.select, grad=True, start=main, capture=capture,
                       join=join)
         if capture is not None:
@@ -158,52 +171,96 @@ class PathScorer:
         return PathScores({p: s[i * n:(i + 1) * n] for i, p in enumerate(paths)},
                           {p: h[i * n:(i + 1) * n] for i, p in enumerate(paths)})
 
-    def _fill_from_chunks(self, inp: PrefillInputs, blocks, reused, start: Frozen | None,
-                          capture: int | None) -> Frozen | None:
+    def _reused_tokens(self, n: int) -> int:
+        """How many of a chunk's n tokens the reuse path takes from the isolated chunk pass:
+        all on the late path (computed from the late layer up), else all but the item tail."""
+        return n - (0 if self.late else min(self.tail, n))
+
+    def warm_items(self, candidates) -> int:
+        """Computes and keeps the isolated chunk pass's states of these candidates' chunks
+        (what the first prompt holding each would); returns how many are held."""
+        if self.items is None or self.items.budget is None:
+            return 0
+        chunks = {}
+        for c, item in enumerate(candidates):
+            toks = list(self.pw.builder.item_chunk(item))
+            if self._reused_tokens(len(toks)):
+                chunks[c] = toks[:self._reused_tokens(len(toks))]
+        with torch.no_grad():
+            self.items.get(chunks)
+        return len(self.items.held)
+
+    def _chunk_context(self) -> list[int]:
+        """What each chunk sees in the isolated chunk pass: instruction + block head."""
+        return list(self.pw.instruction_ids) + list(self.pw.context_ids("item"))
+
+    @staticmethod
+    def _chunks(blocks, reused) -> dict[int, list[int]]:
+        """Chunk index -> the tokens the prompt takes from the isolated chunk pass."""
+        need = {c: e - s for (s, e), c in reused}
+        return {c: blocks[c][0][:need[c]] for c in sorted(need)}
+
+    def _fill_from_chunks(self, inp: PrefillInputs, blocks, reused, main: Frozen | None,
+                          start: Frozen | None, capture: int | None) -> Frozen | None:
         """Writes the isolated chunk pass's KV into the reused slots (graph kept): every layer,
-        or from `start.layer` on when the pass starts there. Returns the states `capture`d."""
-        chunk, where = self._chunk_pass_inputs(blocks, reused)
-        res = prefill(self.model, chunk, self._naive, grad=True, start=start, capture=capture)
-        for layer in range(start.layer if start is not None else 0, self.model.arch.num_layers):
-            for (s, e), c in reused:
-                cs = where[c]
+        or from `main.layer` on when the prompt pass starts there. Below the first trained
+        layer the chunks' states come from `self.items` when it keeps them; else the pass
+        runs whole, or from this prompt's own `start` (its states `capture`d the first time,
+        returned for the prompt cache)."""
+        chunks = self._chunks(blocks, reused)
+        chunk, where = self._chunk_pass_inputs(chunks)
+        below: dict[int, tuple[list, list]] = {}
+        if self.items is None:     # the whole pass, or from this prompt's captured states
+            res = prefill(self.model, chunk, self._naive, grad=True, start=start,
+                          capture=capture)
+            first = start.layer if start is not None else 0
+            start = res.frozen if capture is not None else start
+        else:
+            ctx, got = self.items.get(chunks)
+            first = self.items.layer
+            h = torch.cat([ctx.h] + [got[c].h for c in chunks])   # the pass's slot order
+            prefill(self.model, chunk, self._naive, grad=True,
+                    start=Frozen(first, torch.arange(len(h), device=h.device), h))
+            if main is None:    # the prompt pass runs from layer 0: it reads the KV below too
+                below = {c: (got[c].k, got[c].v) for c in chunks}
+        for (s, e), c in reused:
+            for layer in range(main.layer if main is not None else 0, first):
+                inp.k_buf[layer][:, s:e] = below[c][0][layer][:, :e - s]
+                inp.v_buf[layer][:, s:e] = below[c][1][layer][:, :e - s]
+            cs = where[c]
+            for layer in range(max(first, main.layer if main is not None else 0),
+                               self.model.arch.num_layers):
                 inp.k_buf[layer][:, s:e] = chunk.k_buf[layer][:, cs:cs + e - s]
                 inp.v_buf[layer][:, s:e] = chunk.v_buf[layer][:, cs:cs + e - s]
-        for (s, e), _ in reused:
             inp.have_kv[s:e] = True
-        return res.frozen if capture is not None else start
+        return start
 
-    def _chunk_pass_inputs(self, blocks, reused) -> tuple[PrefillInputs, dict[int, int]]:
+    def _chunk_pass_inputs(self, chunks: dict[int, list[int]]
+                           ) -> tuple[PrefillInputs, dict[int, int]]:
         """The isolated chunk pass's inputs (instruction + block head, then each reused chunk's
         first tokens) and where each chunk starts in it."""
-        ctx = list(self.pw.instruction_ids) + list(self.pw.context_ids("item"))
-        need = {c: e - s for (s, e), c in reused}   # chunk index → tokens taken from the pass
-        ids, where, ranges = list(ctx), {}, []
-        for c in sorted(need):
+        ids, where, ranges = self._chunk_context(), {}, []
+        for c, toks in chunks.items():
             where[c] = len(ids)
-            ids += blocks[c][0][: need[c]]
+            ids += toks
             ranges.append((where[c], len(ids)))
         return self._inputs(ids, ranges), where
 
     def _late_from_chunks(self, inp: PrefillInputs, blocks, reused) -> Frozen:
-        """late@s: the chunk pass's KV in the reused slots below layer s (the layers there are
-        never trained: s <= the first trained layer), and the slots' states entering s, from
-        which the prompt pass computes them (`prefill(join=...)`)."""
-        chunk, where = self._chunk_pass_inputs(blocks, reused)
-        with torch.no_grad():   # below the first trained layer: nothing to differentiate
-            res = prefill(self.model, chunk, self._naive, grad=True, capture=self.late)
-        slots, src = [], []
+        """late@s: the isolated chunk pass's KV in the reused slots below layer s (the layers
+        there are never trained: s <= the first trained layer), and the slots' states entering
+        s, from which the prompt pass computes them (`prefill(join=...)`); per item chunk from
+        `self.items`."""
+        _, got = self.items.get(self._chunks(blocks, reused))
+        slots, hs = [], []
         for (s, e), c in reused:
             for layer in range(self.late):
-                inp.k_buf[layer][:, s:e] = chunk.k_buf[layer][:, where[c]:where[c] + e - s]
-                inp.v_buf[layer][:, s:e] = chunk.v_buf[layer][:, where[c]:where[c] + e - s]
+                inp.k_buf[layer][:, s:e] = got[c].k[layer]
+                inp.v_buf[layer][:, s:e] = got[c].v[layer]
             inp.have_kv[s:e] = True
             slots += range(s, e)
-            src += range(where[c], where[c] + e - s)
-        idx = res.frozen.idx
-        rows = torch.searchsorted(idx, torch.tensor(src, device=idx.device))
-        return Frozen(self.late, torch.tensor(slots, device=self.model.device),
-                      res.frozen.h[rows])
+            hs.append(got[c].h)
+        return Frozen(self.late, torch.tensor(slots, device=self.model.device), torch.cat(hs))
 
     def _inputs(self, ids: list[int], blocks, slot_marks=None) -> PrefillInputs:
         """Prefill inputs with every slot fresh and per-layer KV buffers (autograd-safe);

@@ -111,7 +111,8 @@ class Trainer:
                       if t.reuse_select == "overlap" else None)
             self.scorer = PathScorer(self.model, pw, t.reuse_tail, cfg.lora.first_layer,
                                      int(t.frozen_cache_gb * 2**30), select,
-                                     t.late_layer if t.reuse_select == "late" else 0)
+                                     t.late_layer if t.reuse_select == "late" else 0,
+                                     t.item_cache)
 
     @property
     def total_steps(self) -> int:
