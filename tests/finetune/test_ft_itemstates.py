@@ -20,6 +20,7 @@ def _trainer(cfg, ds, folder, cache_gb: float, item_cache: bool = True):
 
 
 def _same_adapter(a, b):
+    torch.manual_seed(0)
     with torch.no_grad():
         for name, p in a.lora.factors.items():
             p.copy_(torch.randn_like(p) * 0.3)
@@ -45,7 +46,11 @@ def _check_equal(run, whole, kept, draws):
         for path in ("full", "reuse"):
             torch.testing.assert_close(got[path], want[path], rtol=1e-5, atol=1e-5)
         for name in want_g:
-            torch.testing.assert_close(got_g[name], want_g[name], rtol=1e-4, atol=1e-6)
+            # the chunks' states come from a pass over other chunks: float rounding differs,
+            # so the gradients agree to a share of their scale
+            scale = float(want_g[name].abs().max())
+            torch.testing.assert_close(got_g[name], want_g[name], rtol=1e-3,
+                                       atol=1e-4 * scale + 1e-7)
 
 
 def test_item_states_are_read_by_later_prompts_with_a_whole_passs_scores_and_grads(
