@@ -69,9 +69,10 @@ class ItemStates:
             ) -> tuple[ChunkStates, dict[int, ChunkStates]]:
         """The context's states and each chunk's (key: the caller's chunk index)."""
         keys = {c: tuple(toks) for c, toks in chunks.items()}
-        missing = sorted({k for k in keys.values() if k not in self.held})
-        self.misses += sum(k not in self.held for k in keys.values())
-        self.hits += sum(k in self.held for k in keys.values())
+        new = [k for k in keys.values() if k not in self.held]
+        self.misses += len(new)
+        self.hits += len(keys) - len(new)
+        missing = sorted(set(new))
         fresh: dict[tuple[int, ...], ChunkStates] = {}
         if missing or self.ctx is None:
             ctx, fresh = self._compute(missing)

@@ -209,7 +209,7 @@ class PathScorer:
         returned for the prompt cache)."""
         chunks = self._chunks(blocks, reused)
         chunk, where = self._chunk_pass_inputs(chunks)
-        below: dict[int, tuple[list, list]] = {}
+        got: dict = {}              # chunk index -> its ChunkStates below `first`
         if self.items is None:     # the whole pass, or from this prompt's captured states
             res = prefill(self.model, chunk, self._naive, grad=True, start=start,
                           capture=capture)
@@ -221,17 +221,15 @@ class PathScorer:
             h = torch.cat([ctx.h] + [got[c].h for c in chunks])   # the pass's slot order
             prefill(self.model, chunk, self._naive, grad=True,
                     start=Frozen(first, torch.arange(len(h), device=h.device), h))
-            if main is None:    # the prompt pass runs from layer 0: it reads the KV below too
-                below = {c: (got[c].k, got[c].v) for c in chunks}
+        lo = main.layer if main is not None else 0   # the prompt pass reads the KV from here
         for (s, e), c in reused:
-            for layer in range(main.layer if main is not None else 0, first):
-                inp.k_buf[layer][:, s:e] = below[c][0][layer][:, :e - s]
-                inp.v_buf[layer][:, s:e] = below[c][1][layer][:, :e - s]
             cs = where[c]
-            for layer in range(max(first, main.layer if main is not None else 0),
-                               self.model.arch.num_layers):
-                inp.k_buf[layer][:, s:e] = chunk.k_buf[layer][:, cs:cs + e - s]
-                inp.v_buf[layer][:, s:e] = chunk.v_buf[layer][:, cs:cs + e - s]
+            for layer in range(lo, self.model.arch.num_layers):
+                below = layer < first       # from the item states, else from the pass
+                inp.k_buf[layer][:, s:e] = (got[c].k[layer] if below
+                                            else chunk.k_buf[layer][:, cs:cs + e - s])
+                inp.v_buf[layer][:, s:e] = (got[c].v[layer] if below
+                                            else chunk.v_buf[layer][:, cs:cs + e - s])
             inp.have_kv[s:e] = True
         return start
 

@@ -48,6 +48,10 @@ class RedisStore(InlineBuilds):
         self.hits = self.misses = self.errors = self.skipped = self.corrupt = self.rejected = 0
         self.latency = TierLatency()
 
+    def redis_key(self, key: ChunkKey) -> str:
+        """The Redis key an entry of `key` lives under (the router watches these: serve.tier)."""
+        return self.prefix + key
+
     def _available(self) -> bool:
         if time.monotonic() < self._open_until:
             with self._lock:
@@ -74,7 +78,7 @@ class RedisStore(InlineBuilds):
         data = None
         if self._available():
             try:
-                data = self.client.get(self.prefix + key)
+                data = self.client.get(self.redis_key(key))
             except redis.RedisError as exc:
                 self._failed("get", exc)
         if data is None:
@@ -90,7 +94,7 @@ class RedisStore(InlineBuilds):
                 self.corrupt += 1
                 self.misses += 1
             try:
-                self.client.delete(self.prefix + key)
+                self.client.delete(self.redis_key(key))
             except redis.RedisError as del_exc:
                 self._failed("delete", del_exc)
             return None
@@ -109,7 +113,7 @@ class RedisStore(InlineBuilds):
         if not self._available():
             return
         try:
-            self.client.set(self.prefix + key, data, px=self.ttl_ms)
+            self.client.set(self.redis_key(key), data, px=self.ttl_ms)
         except redis.RedisError as exc:
             self._failed("put", exc)
             return
@@ -117,13 +121,13 @@ class RedisStore(InlineBuilds):
 
     def put_raw(self, key: ChunkKey, data: bytes) -> None:
         """Stores bytes as-is (tests use it to plant corrupt or mismatched entries)."""
-        self.client.set(self.prefix + key, data)
+        self.client.set(self.redis_key(key), data)
 
     def contains(self, key: ChunkKey) -> bool:
         if not self._available():
             return False
         try:
-            return bool(self.client.exists(self.prefix + key))
+            return bool(self.client.exists(self.redis_key(key)))
         except redis.RedisError as exc:
             self._failed("exists", exc)
             return False

@@ -172,15 +172,16 @@ class EngineHost:
     def item_redis_keys(self, ids: list[str] | None = None) -> dict[str, str]:
         """Each catalog item's (or each of `ids`') chunk key in the shared Redis tier, for the
         router's picture of that tier (`serve.tier`); {} without a Redis tier."""
+        from ..kvstore.redis_store import RedisStore
         from ..kvstore.wiring import tiers
 
-        redis = next((t for t in tiers(self.engine.store) if hasattr(t, "client")), None)
+        redis = next((t for t in tiers(self.engine.store) if isinstance(t, RedisStore)), None)
         if redis is None:
             return {}
         wanted = None if ids is None else set(map(str, ids))
         with self.lock:
             b, e = self.engine.builder, self.engine
-            return {str(i): redis.prefix + e.chunk_key("item", b.item_chunk(i))
+            return {str(i): redis.redis_key(e.chunk_key("item", b.item_chunk(i)))
                     for i in list(self.catalog) if wanted is None or str(i) in wanted}
 
     def lost_items(self) -> list[str] | None:
