@@ -17,7 +17,14 @@ import yaml
 
 from .errors import RcllmError
 
-METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm", "late")
+METHODS = ("full", "prefix", "naive", "cacheblend", "epic", "rcllm", "late", "exact-user")
+# A method that is another method's settings under its own name. "exact-user" is the strongest
+# exact peer of a fast path for a returning or prewarmed user (vLLM's prefix caching of a grown
+# history, RelayGR, MTServe): the user side from the user-prefix cache, served only where it
+# was built exactly (else computed in the request), and every candidate token computed: late
+# at layer 0. It loses nothing (tests/userprefix/test_exact_user.py pins it to full).
+METHOD_ALIASES = {"exact-user": {"method": "late", "late_layer": 0, "user_prefix": True,
+                                 "user_side": "exact"}}
 # Bumped whenever the text of a chunk or template the prompt builders make changes: an adapter
 # records the version it was trained on and is refused under another
 # (model.adapter_file.check_prompt_version). 2: item chunks end in the item's tag.
@@ -54,7 +61,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class ReuseConfig:
-    method: str = opt("rcllm", "full | prefix | naive | cacheblend | epic | rcllm | late")
+    method: str = opt("rcllm", "full | prefix | naive | cacheblend | epic | rcllm | late | exact-user (pointwise scorer: the user side reused exactly, every candidate token computed; lossless)")
     item_ratio: float = opt(0.3, "fraction of reused item tokens recomputed (cacheblend uses it too)")
     history_ratio: float = opt(0.3, "fraction of reused history tokens recomputed")
     window: int = opt(16, "rcllm: first tokens of each chunk recomputed first (in budget)")
@@ -110,6 +117,12 @@ class ReuseConfig:
         if self.user_side not in USER_SIDES:
             raise RcllmError(f"reuse.user_side must be one of {', '.join(USER_SIDES)}, "
                              f"not {self.user_side!r}")
+
+    def resolved(self) -> "ReuseConfig":
+        """These settings with an aliased method (METHOD_ALIASES) replaced by what it names;
+        the alias's settings win over any given beside it, so "exact-user" stays exact."""
+        alias = METHOD_ALIASES.get(self.method)
+        return dataclasses.replace(self, **alias) if alias else self
 
 
 @dataclass(frozen=True)

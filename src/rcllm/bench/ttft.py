@@ -104,11 +104,12 @@ def _rank_variants(engine, req: RankRequest, variants, per: dict[str, list],
 
 
 def _rows(variants, per: dict[str, list]) -> list[dict]:
-    """One row per variant: its TTFT percentiles, speedups over full and prefix (ratios of
-    medians), and fidelity against full."""
+    """One row per variant: its TTFT percentiles, speedups over full, prefix and exact-user
+    (ratios of medians; None where that row is not run), and fidelity against full."""
     p50 = {label: statistics.median(x[0] for x in vals) for label, vals in per.items()}
     full_p50 = p50.get("full")
     prefix_p50 = p50.get("prefix")
+    exact_user_p50 = p50.get("exact-user")  # the lossless peer of every cached user side
     rows = []
     for v in variants:
         vals = per[v.label]
@@ -120,6 +121,8 @@ def _rows(variants, per: dict[str, list]) -> list[dict]:
             "ttft_p50_ms": p50[v.label], "ttft_p90_ms": _pct(ttft, 90),
             "speedup_vs_full": full_p50 / p50[v.label] if full_p50 else None,
             "speedup_vs_prefix": prefix_p50 / p50[v.label] if prefix_p50 else None,
+            "speedup_vs_exact_user": (exact_user_p50 / p50[v.label] if exact_user_p50
+                                      else None),
             "recomputed_fraction": float(np.mean([x[1] for x in vals])),
             "flop_bound_speedup": sum(x[3] for x in vals) / sum(x[2] for x in vals),
             "top1_agreement_vs_full": float(np.mean([x[4] for x in vals])),

@@ -136,12 +136,19 @@ def _summary(args, cases, caches: dict, rows: list[dict], records: list[dict], s
             tag += "_flat" if row["variant"].endswith(" flat") else ""
             summary[f"rcllm_{tag}_speedup_vs_full"] = row["speedup_vs_full"]
             summary[f"rcllm_{tag}_speedup_vs_prefix"] = row["speedup_vs_prefix"]
+    if any(r["speedup_vs_exact_user"] for r in rows):  # every path beside the lossless peer
+        summary["speedup_vs_exact_user"] = {r["variant"]: r["speedup_vs_exact_user"]
+                                            for r in rows}
     return summary
 
 
 def _print_table(args, rows: list[dict], caches: dict, summary: dict, untuned: bool) -> None:
     print()
-    print(markdown_table(rows, COLUMNS))
+    columns = COLUMNS
+    if any(r["speedup_vs_exact_user"] for r in rows):  # the pointwise scorer's lossless peer
+        at = COLUMNS.index("speedup_vs_prefix") + 1
+        columns = COLUMNS[:at] + ("speedup_vs_exact_user",) + COLUMNS[at:]
+    print(markdown_table(rows, columns))
     print(f"\nmean prompt {summary['mean_prompt_tokens']:.0f} tokens; items built ahead "
           f"{caches['items_built_ahead']}, history chunks built ahead "
           f"{caches['history_chunks_built_ahead']}, newest {args.new_reviews} review(s) per user "

@@ -99,6 +99,8 @@ class Variant:
 
     @property
     def label(self) -> str:
+        if self.method == "exact-user":  # its user side is the cached one by definition
+            return self.method
         if self.method == "late" and self.late_layer is not None:
             name = f"late@{self.late_layer}"
         elif self.method in ("rcllm",):
@@ -132,7 +134,8 @@ def parse_methods(text: str, item_ratio: float, history_ratio: float) -> list[Va
         if name not in METHODS:
             raise RcllmError(f"unknown method {name!r}; use {', '.join(METHODS)} (late@S: the "
                              "late method at layer S)")
-        out.append(Variant(name, item_ratio, history_ratio, late_layer=layer))
+        out.append(Variant(name, item_ratio, history_ratio, late_layer=layer,
+                           user_prefix=name == "exact-user"))
     if not out or out[0].method != "full":
         out.insert(0, Variant("full"))
     return out
@@ -148,8 +151,10 @@ def default_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3),
 def pointwise_variants(extra_budgets: Sequence[tuple[float, float]] = ((0.3, 0.3), (0.15, 0.15))):
     """The listwise rows (user side built from reused history chunks: a user-prefix miss),
     late (items joined with the user at reuse.late_layer: an adapter's validated fast path),
+    `exact-user` (the lossless peer of a cached user side: every candidate token computed),
     and the reuse methods again with the user side cached (a user-prefix hit)."""
     rows = default_variants(extra_budgets) + [Variant("late")]
+    rows += [Variant("exact-user", user_prefix=True)]
     rows += [Variant("naive", user_prefix=True), Variant("late", user_prefix=True)]
     rows += [Variant("rcllm", i, h, user_prefix=True) for i, h in extra_budgets]
     return rows

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from ..config import RcllmConfig, ReuseConfig
+from ..config import METHOD_ALIASES, RcllmConfig, ReuseConfig
 from ..errors import RcllmError
 from ..kvstore.base import ChunkKV, KVStore, MemoryLRUStore
 from ..model.loading import LoadedModel
@@ -105,6 +105,8 @@ class Engine:
 
     # ---- request path ---------------------------------------------------------------------
     def reuse_config(self, req: RankRequest, method: str | None, **overrides) -> ReuseConfig:
+        """The request's reuse settings as named, validated: an alias ("exact-user") is kept
+        here (it names the result) and resolved by `ReuseConfig.resolved` for the path."""
         merged = {**dict(req.overrides), **overrides}
         if method:
             merged["method"] = method
@@ -114,13 +116,18 @@ class Engine:
             raise RcllmError(f"unknown override {sorted(unknown)[0]!r}")
         reuse = dataclasses.replace(self.cfg.reuse, **merged)
         reuse.validate()
+        if reuse.method in METHOD_ALIASES and self.user_sides is None:
+            raise RcllmError(f"method {reuse.method!r} needs the pointwise scorer (the "
+                             "user-prefix cache); with the listwise prompt the exact peer is "
+                             "'prefix'")
         return reuse
 
     def rank(self, req: RankRequest, method: str | None = None, keep_tensors: bool = False,
              explain: bool = False, **overrides) -> RankResult:
         """Ranks req.candidates; raises RcllmError for bad input."""
         t0, cpu0, wait0 = time.perf_counter(), time.thread_time(), thread_run_wait_ns()
-        reuse = self.reuse_config(req, method, **overrides)
+        named = self.reuse_config(req, method, **overrides)
+        reuse = named.resolved()
         prompt = self.strategy.prompt(req)                                      # prompt
         t1 = time.perf_counter()
         user = (self.user_sides.lookup(req, prompt, reuse)                      # look-ups
@@ -151,7 +158,7 @@ class Engine:
         if wait0 is not None and wait1 is not None:
             stats.run_wait_ms = (wait1 - wait0) / 1e6
         result = RankResult(sorted(prompt.candidates, key=lambda c: -scores[c]), scores,
-                            reuse.method, ttft_ms, total_ms, stats)
+                            named.method, ttft_ms, total_ms, stats)
         if explain:
             result.explain = explain_request(
                 self.loaded.tokenizer, self.model.arch.num_layers, prompt, inp, res, {
