@@ -39,8 +39,8 @@ def test_rows_have_means_and_intervals():
     ds = _ds()
     cases = [EvalCase("t1", (ds.users["t1"][0],), ("f", "b", "c"), "b")] * 3
     rows = baseline_rows(ds, cases, ["u1", "u2", "u3", "u4"], ks=(1, 2))
-    assert [r["variant"] for r in rows] == ["random", "popularity", "item_knn"]
-    knn = rows[-1]
+    assert [r["variant"] for r in rows] == ["random", "popularity", "item_knn", "bm25"]
+    knn = rows[2]
     assert knn["hr@1"] == 1.0 and knn["requests"] == 3
     for r in rows:
         assert set(r) >= {"hr@1", "ndcg@2", "method", "scorer"}

@@ -48,7 +48,8 @@ def register(top, bench) -> None:
                         "0.8,0.1,0.1 with seed 0; `rcllm finetune` trains on `train`); "
                         "heldout = validation and test pooled (never trained on)")
     p.add_argument("--baselines", action="store_true",
-                   help="add random, popularity and item-kNN (co-occurrence) rows")
+                   help="add random, popularity, item-kNN (co-occurrence) and BM25 (the "
+                        "candidate's text against the history items' texts) rows")
     p.add_argument("--user-swapped", action="store_true",
                    help="also score every request with another evaluated user's history, on "
                         "full and on every method (rows <method>_user_swapped; user_swap_drop "
