@@ -1,6 +1,7 @@
 """The speed–fidelity frontier of one dataset's adapter (issue 50, item 6): one PNG and one
 table from the reports of `rcllm eval` (quality, paired Δ vs full, agreement, user-swap drop)
-and `rcllm bench ttft` (TTFT speed-up over full on a user-prefix miss and with it cached).
+and `rcllm bench ttft` (TTFT speed-up over full on a user-prefix miss and with it cached;
+with an `exact-user` row, the lossless peer drawn at Δ 0 and each path's cached speed over it).
 
     python scripts/frontier.py --name Magazine --eval EVAL.json [EVAL2.json ...] \
         --ttft TTFT.json [TTFT2.json ...] --png OUT.png [--md OUT.md]
@@ -61,6 +62,19 @@ def table(quality: dict[str, dict], speed: dict[str, dict]) -> list[dict]:
             "swap_drop": swap.get("user_swap_drop"),
             "speedup_miss": miss.get("speedup_vs_full"),
             "speedup_hit": hit.get("speedup_vs_full")})
+    return with_exact_user(rows, speed.get("exact-user"))
+
+
+def with_exact_user(rows: list[dict], peer: dict | None) -> list[dict]:
+    """The lossless peer of a cached user side as a point at Δ 0 (tests pin it to full), and
+    every row's cached speed-up over it (None without an exact-user row in the bench)."""
+    base = peer.get("speedup_vs_full") if peer else None
+    for r in rows:
+        r["vs_exact_user"] = r["speedup_hit"] / base if base and r["speedup_hit"] else None
+    if base:
+        rows.append({"method": "exact-user", "ndcg@10": None, "delta": 0.0, "delta_low": 0.0,
+                     "delta_high": 0.0, "top1": 1.0, "top5": 1.0, "swap_drop": None,
+                     "speedup_miss": None, "speedup_hit": base, "vs_exact_user": 1.0})
     return rows
 
 
@@ -69,12 +83,14 @@ def markdown(rows: list[dict]) -> str:
         return "—" if x is None else format(x, spec)
 
     out = ["| method | NDCG@10 | Δ vs full [paired 95% CI] | top-1 / top-5 agreement | "
-           "user-swap drop | TTFT speed-up, miss / user side cached |", "|---|---|---|---|---|---|"]
+           "user-swap drop | TTFT speed-up, miss / user side cached | cached × exact-user |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['method']} | {f(r['ndcg@10'])} | {f(r['delta'], '+.3f')} "
                    f"[{f(r['delta_low'], '+.3f')}, {f(r['delta_high'], '+.3f')}] | "
                    f"{f(r['top1'], '.2f')} / {f(r['top5'], '.2f')} | {f(r['swap_drop'], '+.3f')} "
-                   f"| {f(r['speedup_miss'], '.2f')}× / {f(r['speedup_hit'], '.2f')}× |")
+                   f"| {f(r['speedup_miss'], '.2f')}× / {f(r['speedup_hit'], '.2f')}× "
+                   f"| {f(r['vs_exact_user'], '.2f')}× |")
     return "\n".join(out)
 
 
@@ -95,6 +111,9 @@ def plot(rows: list[dict], name: str, path: str) -> None:
                         else "tab:green", alpha=0.8)
             ax.annotate(r["method"], (r[key], r["delta"]), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")
+    peer = next((r["speedup_hit"] for r in rows if r["method"] == "exact-user"), None)
+    if peer:  # a fast path earns its place right of this line, at parity
+        ax.axvline(peer, color="tab:red", ls="--", lw=0.8)
     ax.axhline(0, color="grey", lw=0.8)
     ax.axhline(-0.02, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("TTFT speed-up over full (circles: user-prefix miss, squares: cached)")
