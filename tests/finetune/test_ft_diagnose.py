@@ -114,7 +114,7 @@ def test_case_part_reads_titles():
 def test_choose_fast_path_takes_the_fastest_within_the_tolerance():
     from types import SimpleNamespace as NS
 
-    from rcllm.finetune.diagnose import choose_fast_path
+    from rcllm.finetune.choice import choose_fast_path
 
     good, bad = np.array([3.0, 0, 0, 0]), np.array([0, 3.0, 0, 0])   # target at index 0
 
@@ -149,7 +149,7 @@ def test_choose_fast_path_asks_for_the_top5_agreement_and_the_interval_too():
     when one user's requests lose so much that the interval's lower end falls below -0.05."""
     from types import SimpleNamespace as NS
 
-    from rcllm.finetune.diagnose import choose_fast_path
+    from rcllm.finetune.choice import choose_fast_path
 
     full = np.array([9.0, 8, 7, 6, 5, 0, 0, 0, 0, 0])       # target at index 0
     shuffled = np.array([9.0, 0, 0, 0, 0, 8, 7, 6, 5, 0])   # same top-1, top-5 overlap 0.2

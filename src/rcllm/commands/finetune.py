@@ -163,6 +163,7 @@ def _setup(args, overrides: list[str], ds):
 
 def _train(args, overrides: list[str], out: str | None, ds) -> Path:
     """One run: trains (or finds finished) the adapter of these options; returns its folder."""
+    from ..finetune.choice import choose_for_adapter
     from ..finetune.trainer import Trainer, adapter_folder, finished
 
     cfg, train_users, val_users, loaded, key = _setup(args, overrides, ds)
@@ -185,66 +186,9 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
         trainer.run(progress=True)
         print(f"trained in {time.perf_counter() - start:.0f} s by this run "
               "(a resumed run continues its checkpoint)")
-    _choose_fast_path(cfg, folder, ds, val_users)
+    choose_for_adapter(cfg, folder, ds, val_users)
     _summary(folder)
     return folder
-
-
-def _choose_fast_path(cfg, folder: Path, ds, val_users) -> None:
-    """Names in the manifest the fastest fast path that keeps the full path's ranking on the
-    validation users' last `train.choice_targets` requests each
-    (`finetune.diagnose.choose_fast_path`), once: a finished adapter without it, or chosen with
-    another count, gets it when the same command runs again."""
-    import dataclasses
-
-    from ..finetune.adapter import read_manifest, record_fast_path
-    from ..finetune.diagnose import (CHOICE_DEPTHS, CHOICE_RATIOS, Diagnoser,
-                                     choose_fast_path, path_name)
-    from ..eval.protocol import earlier_cases
-    from ..finetune.validate import EVAL_HISTORY_WINDOW, validation_cases
-    from ..model.loading import load_model
-    from ..prompt.builder import PromptBuilder
-    from ..prompt.pointwise import PointwisePrompt
-
-    manifest = read_manifest(folder)
-    fast = manifest.get("fast_path")
-    t = cfg.train
-    if not fast or t.objective != "pointwise" or (
-            fast.get("validation", {}).get("targets_per_user") == t.choice_targets):
-        return
-    cases = earlier_cases(ds, validation_cases(ds, val_users, t.val_candidates, t.val_users),
-                          t.choice_targets - 1, EVAL_HISTORY_WINDOW)
-    if not cases:
-        return
-    if "validation" in fast:   # chosen by an earlier rule: chosen again, the path trained kept
-        was = fast["validation"].get("requests", fast["validation"].get("users", "?"))
-        fast = manifest.get("trained_fast_path") or fast
-        print(f"choosing the fast path again on {t.choice_targets} requests per validation "
-              f"user (it was chosen on {was} requests)")
-    loaded = load_model(dataclasses.replace(cfg.model, adapter=str(folder)))
-    L = loaded.model.arch.num_layers
-    builder = PromptBuilder(loaded.tokenizer, ds.items, cfg.prompt,
-                            loaded.model.arch.max_positions, "verbalizer")
-    pw = PointwisePrompt(builder, loaded.model.arch.max_positions)
-    depths = tuple(s for s in CHOICE_DEPTHS if 0 < s < L) or tuple(range(L - 1, 0, -1))[:3]
-    if fast.get("method") == "late" and int(fast["late_layer"]) not in depths:
-        depths = tuple(sorted({*depths, int(fast["late_layer"])}, reverse=True))
-    ratios = sorted({*CHOICE_RATIOS, *([float(fast["item_ratio"])]
-                                       if fast.get("rcllm_select") == "overlap" else [])})
-    chosen = choose_fast_path(Diagnoser(loaded.model, pw, int(fast["item_tail"]), depths,
-                                        ratios, fast.get("overlap_fill", "order")),
-                              cases, progress=True)
-    chosen["validation"]["targets_per_user"] = t.choice_targets
-    record_fast_path(folder, chosen)
-    v = chosen["validation"]["ndcg10"]
-    name = path_name(chosen)
-    top5 = chosen["validation"]["top5"]
-    print(f"fast-path choice on {len(cases)} requests of {chosen['validation']['users']} validation "
-          "users (NDCG@10, top-5 agreement): "
-          + ", ".join(f"{k} {x:.3f} {top5[k]:.2f}" for k, x in v.items())
-          + f"; the adapter serves {name}"
-          + ("" if chosen["within"] else " (the closest: none keeps the full path's ranking: "
-                                         "within 0.02, lower end >= -0.05, top-5 >= 0.8)"))
 
 
 def _overfit(args, ds) -> int:

@@ -5,6 +5,8 @@
 - `paths`: candidate scores on the full path, the reuse (fast) path, or both in one pass.
 - `trainer`: the joint objective, accumulation, validation, checkpoints, resume, the folder.
 - `validate`: the evaluation's cases for validation users, NDCG@10 / CE per path.
+- `choice`: the end-of-run fast-path choice the manifest's `fast_path` comes from (its trigger,
+  the paths it tries, the rule) — `diagnose` holds the paths it scores.
 - `curves`: training and validation curves (JSON, PNG with the ln C line, text).
 - `lora`: the low-rank factors, their effective weights during training and the merge at load.
 - `adapter`: the saved adapter (safetensors + JSON manifest with checksum, prompt version and
