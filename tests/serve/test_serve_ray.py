@@ -41,7 +41,7 @@ def test_two_instances_rank_and_share_catalog_updates(cluster, rank_bodies):
     assert all(0 < len(i.cached) < len(backend.item_tokens) for i in backend.instances)
     # the tiny model recomputes an item faster than a Ray round trip, so the cost model's
     # bound would let no export arrive in time: wait for them here
-    backend.import_wait_floor_ms = 5000.0
+    backend.imports.wait_floor_ms = 5000.0
     with httpx.Client(base_url=url, timeout=60) as c:
         fetched = 0
         for body in rank_bodies[:3]:
@@ -93,26 +93,26 @@ def _burst(url, backend, bodies, stalls):
 def test_a_timed_out_instance_is_probed_and_readmitted(cluster, rank_bodies):
     url, backend = cluster
     bodies = [rank_bodies[k % len(rank_bodies)] for k in range(8)]
-    backend.call_timeout_s = 8.0
+    backend.health.call_timeout_s = 8.0
     try:    # instance 0 stuck: its 4 requests time out at 8 s and go to instance 1
         out = _burst(url, backend, bodies, (120.0, 2.5))
     finally:
-        backend.call_timeout_s = 60.0
+        backend.health.call_timeout_s = 60.0
         if any(r.status_code != 200 for r in out):
             backend.unstall_instance(0)      # not to leave the next test a stuck instance
     assert [r.status_code for r in out] == [200] * 8
     assert {r.json()["instance"] for r in out} == {1}
     zero = backend.instances[0]
     assert zero.alive and zero.suspect and "timeout" in zero.failures    # suspect, not dead
-    time.sleep(2 * backend.probe_interval_s + 1)
-    assert zero.suspect and backend.readmitted == 0      # a stuck engine fails its probes
+    time.sleep(2 * backend.health.probe_interval_s + 1)
+    assert zero.suspect and backend.health.readmitted == 0      # a stuck engine fails its probes
     assert httpx.get(f"{url}/readyz").status_code == 200
     backend.unstall_instance(0)
     deadline = time.monotonic() + 30
     while zero.suspect:     # the probe finds its engine free once the stall is over
         assert time.monotonic() < deadline, "instance 0 was never re-admitted"
         time.sleep(0.2)
-    assert backend.readmitted >= 1
+    assert backend.health.readmitted >= 1
     out = _burst(url, backend, bodies, (2.5, 2.5))       # it takes requests again
     assert [r.status_code for r in out] == [200] * 8
     assert [r.json()["instance"] for r in out].count(0) == 4

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from rcllm.serve.router import RayBackend
+from rcllm.serve.health import wait_answer
 from rcllm.serve.views import LiveInstance
 
 
@@ -20,12 +20,6 @@ class _Ref:
 
     def future(self) -> Future:
         return self._fut
-
-
-def _backend(timeout_s: float) -> RayBackend:
-    backend = object.__new__(RayBackend)       # no Ray: only the wait is under test
-    backend.call_timeout_s = timeout_s
-    return backend
 
 
 def test_a_call_queued_on_a_busy_instance_is_waited_for():
@@ -39,7 +33,7 @@ def test_a_call_queued_on_a_busy_instance_is_waited_for():
     threading.Thread(target=busy, daemon=True).start()
     threading.Timer(1.0, lambda: fut.set_result({"ok": 1})).start()
     t0 = time.monotonic()
-    assert asyncio.run(_backend(0.3)._wait(inst, _Ref(fut))) == {"ok": 1}
+    assert asyncio.run(wait_answer(inst, _Ref(fut), 0.3)) == {"ok": 1}
     stop.set()
     assert time.monotonic() - t0 >= 0.9         # three call timeouts went by meanwhile
 
@@ -49,5 +43,5 @@ def test_a_call_on_an_instance_that_answers_nothing_times_out():
     inst.last_answer_s -= 10                    # its last answer was long ago
     t0 = time.monotonic()
     with pytest.raises(asyncio.TimeoutError):
-        asyncio.run(_backend(0.3)._wait(inst, _Ref(Future())))
+        asyncio.run(wait_answer(inst, _Ref(Future()), 0.3))
     assert 0.25 <= time.monotonic() - t0 < 1.0

@@ -82,13 +82,13 @@ def _store_options(p) -> None:
 
 def _cluster_options(p) -> None:
     """Ray instances behind the router."""
-    from ..routing import POLICIES
+    from ..routing.registry import DEFAULT_POLICY, POLICIES
 
     p.add_argument("--instances", type=int, default=1,
                    help="K > 1: K Ray instance actors behind a router (default 1: no Ray)")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    p.add_argument("--policy", default="affinity", choices=POLICIES,
-                   help="routing policy with --instances (default affinity)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
+                   help=f"routing policy with --instances (default {DEFAULT_POLICY})")
     p.add_argument("--profile", default="calibrate", metavar="calibrate|builtin|PATH",
                    help="speed profile the router prices requests with (--instances): "
                         "calibrate = fitted to 12 timed rankings of the served model on "

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import RcllmError
+from ..routing.registry import POLICIES, check_policy, method_policy
 
 DEFAULT_METHODS = "full,prefix,rcllm:0.3:0.3,rcllm:0.15:0.15"
-# cost: the lowest TTFT the router's cost model estimates (hits, misses and queue), beside
-# affinity, whose balance between hits and load the same model derives (routing/balance.py)
-DEFAULT_POLICIES = "affinity,cost,hit-only,load-only,round-robin"
+# every registered policy (routing/registry.py), in name order
+DEFAULT_POLICIES = ",".join(sorted(POLICIES))
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run
 
@@ -45,10 +45,9 @@ def parse_method(spec: str) -> tuple[str, dict]:
 
 
 def series_of(methods: str, policies: str, adapter: bool) -> list[Series]:
-    """The method series (full/prefix load-only, the rest by affinity) and the policy series
-    (rcllm 0.3/0.3 under each policy; its affinity cell is the method series' own)."""
-    from ..routing import POLICIES
-
+    """The method series (each routed by `registry.method_policy`: full/prefix load-only, the
+    rest by affinity) and the policy series (rcllm 0.3/0.3 under each policy; its affinity
+    cell is the method series' own)."""
     out: list[Series] = []
     specs = [m for m in methods.split(",") if m]
     if adapter and "adapter" not in specs:
@@ -56,12 +55,10 @@ def series_of(methods: str, policies: str, adapter: bool) -> list[Series]:
     for spec in specs:
         name, fields = parse_method(spec)
         base = fields.get("method", "adapter")
-        policy = "load-only" if base in ("full", "prefix") else "affinity"
-        out.append(Series(name, policy, fields, base))
+        out.append(Series(name, method_policy(base), fields, base))
     pname, pfields = parse_method(POLICY_METHOD)
     for policy in [p for p in policies.split(",") if p]:
-        if policy not in POLICIES:
-            raise RcllmError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        check_policy(policy)
         if any(s.name == pname and s.policy == policy for s in out):
             continue
         out.append(Series(pname, policy, pfields, "rcllm"))

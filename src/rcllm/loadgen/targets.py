@@ -20,12 +20,15 @@ from __future__ import annotations
 import os
 
 from ..errors import RcllmError, read_json_file
+from ..routing.policies import Affinity, CostBased, HitOnly, LoadOnly
 from .cells import cell_metrics
 
 BASELINE = "prefix"
 POLICY_SERIES = "rcllm-0.3/0.3"
 P99_TARGET = 1.5
 GOODPUT_TARGET = 1.5
+# the routing target: the cache-aware policies against the two that each miss one side
+AFFINITY, COST, RIVALS = Affinity.name, CostBased.name, (HitOnly.name, LoadOnly.name)
 
 
 def _meets(cell: dict, slo_ms: float) -> bool:
@@ -37,7 +40,7 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
     """The verdict of the module docstring for `cells` (their `goodput_rps` at `slo_ms`)."""
     own = {}                                    # method series on its own policy: rate → cell
     for c in cells:
-        if c["method"] != POLICY_SERIES or c["policy"] == "affinity":
+        if c["method"] != POLICY_SERIES or c["policy"] == AFFINITY:
             own.setdefault(c["method"], {})[c["rate_rps"]] = c
     base = own.get(BASELINE, {})
     meeting = [r for r, c in base.items() if _meets(c, slo_ms)]
@@ -60,14 +63,14 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
         if c["method"] == POLICY_SERIES:
             by_policy.setdefault(c["rate_rps"], {})[c["policy"]] = c
     full_rates = sorted(r for r, ps in by_policy.items()
-                        if {"affinity", "hit-only", "load-only"} <= set(ps))
+                        if {AFFINITY, *RIVALS} <= set(ps))
     for r in full_rates[-2:]:
         ps = by_policy[r]
         policies.append({"rate_rps": r,
                          "p99_ms": {p: c["ttft_p99_ms"] for p, c in ps.items()},
                          "p99_ci90": {p: c.get("ttft_p99_ci90") for p, c in ps.items()},
-                         "affinity_lowest": _lowest(ps, "affinity"),
-                         "cost_lowest": _lowest(ps, "cost")})
+                         "affinity_lowest": _lowest(ps, AFFINITY),
+                         "cost_lowest": _lowest(ps, COST)})
     return {"slo_ms": slo_ms, "baseline": BASELINE, "baseline_meets_slo_at_rps": at,
             "p99_lower_than_baseline": p99, "p99_target": P99_TARGET,
             "goodput_at_slo_rps": goodput, "goodput_vs_baseline": ratio,
@@ -79,7 +82,7 @@ def _lowest(ps: dict, policy: str) -> bool | None:
     policy did not run there)."""
     if policy not in ps:
         return None
-    return all(ps[policy]["ttft_p99_ms"] < ps[p]["ttft_p99_ms"] for p in ("hit-only", "load-only"))
+    return all(ps[policy]["ttft_p99_ms"] < ps[p]["ttft_p99_ms"] for p in RIVALS)
 
 
 def format_targets(t: dict) -> str:
@@ -100,10 +103,12 @@ def format_targets(t: dict) -> str:
         lines.append(f"    {name}: {g:.3f}{ratio}" + _verdict(name, r, t["goodput_target"]))
     for p in t["policies_at_top_rates"]:
         vals = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p["p99_ms"].items()))
-        line = (f"  routing at {p['rate_rps']:.3f} rps, P99 ms: {vals}; affinity lowest "
-                f"of affinity/hit-only/load-only: {'yes' if p['affinity_lowest'] else 'no'}")
+        line = (f"  routing at {p['rate_rps']:.3f} rps, P99 ms: {vals}; {AFFINITY} lowest "
+                f"of {'/'.join((AFFINITY, *RIVALS))}: "
+                f"{'yes' if p['affinity_lowest'] else 'no'}")
         if p.get("cost_lowest") is not None:
-            line += f"; cost below hit-only and load-only: {'yes' if p['cost_lowest'] else 'no'}"
+            line += (f"; {COST} below {' and '.join(RIVALS)}: "
+                     f"{'yes' if p['cost_lowest'] else 'no'}")
         lines.append(line)
     return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 """Routing policies: plain objects that pick an instance for a request.
 
 Each policy has `name` and `choose(request, cluster) -> instance index`; it reads the cluster
-view and never mutates it. The same objects drive the simulator and a real router.
+view and never mutates it. The same objects drive the simulator and a real router; the
+registry (`registry.py`) builds them by name.
 
 - round-robin: instances in turn, blind to load and caches.
 - load-only (least-loaded): the least outstanding work; misses caches.
@@ -26,9 +27,6 @@ from ..errors import RcllmError
 from .balance import HIT_FLOOR, decision_weight
 from .cost import CostModel
 from .views import ClusterView, RoutingRequest
-
-POLICIES = ("round-robin", "load-only", "hit-only", "affinity", "cost")
-
 
 class RoutingPolicy(Protocol):
     name: str
@@ -132,18 +130,11 @@ class CostBased:
         return int(np.argmin(ttft))
 
 
-def routing_policy(name: str, cost: CostModel, w_hit: float = 1.0,
-                   w_idle: float | None = 4.0) -> RoutingPolicy:
-    """A fresh policy object by name (one of POLICIES); `w_idle` None: affinity's idleness
-    weight derived from the cost model at each decision (balance.py)."""
-    if name == "round-robin":
-        return RoundRobin()
-    if name == "load-only":
-        return LoadOnly()
-    if name == "hit-only":
-        return HitOnly()
-    if name == "affinity":
-        return Affinity(cost, w_hit, w_idle)
-    if name == "cost":
-        return CostBased(cost)
-    raise RcllmError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+def __getattr__(name: str):
+    """The registry (`registry.py`) names and builds these classes; an importer that still
+    reads `routing_policy` or `POLICIES` here gets the registry's."""
+    if name in ("routing_policy", "POLICIES"):
+        from . import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,6 +72,18 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
                       getattr(backend, "tier_stats", None))
     app.state.metrics = metrics
     _install_handlers(app, metrics)
+    _request_routes(app, backend, settings, metrics)
+    _item_routes(app, backend, settings)
+    _health_routes(app, backend, metrics, untuned)
+    ui.mount(app, backend, settings.max_candidates, dataset, untuned)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
+                       count=lambda ep, status: metrics.requests.labels(ep, str(status)).inc())
+    return app
+
+
+def _request_routes(app: FastAPI, backend: Backend, settings: ServeSettings,
+                    metrics: Metrics) -> None:
+    """/v1/rank and /v1/prewarm: the engine's calls, within the request timeout."""
 
     @app.post("/v1/rank", response_model=RankOut, responses=ERRORS)
     async def rank(body: RankIn) -> RankOut:
@@ -102,13 +114,6 @@ def create_app(backend: Backend, settings: ServeSettings, own_backend: bool = Tr
             return await asyncio.wait_for(call(body.model_dump()), settings.request_timeout_s)
         except asyncio.TimeoutError:
             raise StarletteHTTPException(504, "the request timed out") from None
-
-    _item_routes(app, backend, settings)
-    _health_routes(app, backend, metrics, untuned)
-    ui.mount(app, backend, settings.max_candidates, dataset, untuned)
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, token=settings.token,
-                       count=lambda ep, status: metrics.requests.labels(ep, str(status)).inc())
-    return app
 
 
 def _item_routes(app: FastAPI, backend: Backend, settings: ServeSettings) -> None:

@@ -39,7 +39,6 @@ def init_ray(address: str | None, object_store_bytes: int) -> bool:
     return True
 
 
-
 def place_items(ds: Dataset, item_tokens: dict[str, int], k: int, hot_fraction: float,
                 how: str, seed: int) -> tuple[list[list[str]], dict]:
     """Items whose KV each of `k` instances builds at start, in build order (module
@@ -61,3 +60,18 @@ def place_items(ds: Dataset, item_tokens: dict[str, int], k: int, hot_fraction: 
             "shard_items": [len(s) for s in shards], "placed_items": [len(h) for h in held],
             "placed": held}
     return held, info
+
+
+def warm(actors, held: list[list[str]], tier) -> tuple[list[list[str]], list[int]]:
+    """Builds each instance's placed items (`actors`: `actors.InstanceActors`); returns what
+    the router counts as held, what each store kept of its placement (a shard larger than the
+    store keeps only its last-built part), and how many that is per instance. Beside a shared
+    tier (`tier`, None: none), what the tier kept joins its picture."""
+    import ray
+
+    ray.get([a.build_items.remote(items) for a, items in zip(actors.handles, held)])
+    kept = actors.get_all("cached_items")
+    held = [sorted(set(h).intersection(k)) for h, k in zip(held, kept)]
+    if tier is not None:
+        tier.added(tier.present())
+    return held, [len(h) for h in held]

@@ -10,8 +10,10 @@ from the tier in milliseconds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
+from ..config import REUSE_METHODS
 from ..routing import CostModel
 from ..routing.balance import import_saving_ms
 from .spec import EngineSpec
@@ -46,3 +48,27 @@ def import_plan(fetch_cost: CostModel, inst: LiveInstance, request, local_tokens
         if owner is not None:
             by_owner.setdefault(owner.index, []).append(item)
     return by_owner, (saving if by_owner else 0.0)
+
+
+@dataclass
+class ItemImports:
+    """The router's import decision for one routed request (`plan`)."""
+
+    fetch_cost: CostModel       # the router's cost model with remote items fetched
+    enabled: bool               # `imports_item_kv`: False beside a shared tier or when off
+    default_method: str         # the method of a request that names none
+    # the least an importer waits for an export, whatever the cost model says it saves (0; a
+    # test on a tiny model, whose recompute costs less than a Ray round trip, sets it)
+    wait_floor_ms: float = 0.0
+
+    def plan(self, inst: LiveInstance, request, local_tokens: float, estimate_ms: float,
+             method: str | None, instances: Sequence[LiveInstance]
+             ) -> tuple[dict[int, list[str]], float]:
+        """`import_plan` for `request` on `inst` ({owner: items}, the most `inst` waits for
+        them); none for a method that reads no item KV (full, prefix) or when imports are
+        off."""
+        if not self.enabled or (method or self.default_method) not in REUSE_METHODS:
+            return {}, 0.0
+        plan, wait_ms = import_plan(self.fetch_cost, inst, request, local_tokens, estimate_ms,
+                                    instances)
+        return plan, (max(wait_ms, self.wait_floor_ms) if plan else 0.0)

@@ -10,7 +10,7 @@ served, since chunk misses are cached after the answer; an answer after an evict
 items the store lost, which leave it (`EngineHost.lost_items`). Beside a shared Redis tier,
 `tier` is the router's one picture of what the tier holds (`serve.tier.SharedTier.held`, the
 same set object on every instance): an item there is local everywhere, beside `cached`. `suspect`: a call to it timed
-out; it gets no requests until a probe (`RayBackend`'s probe thread, which clears the flag)
+out; it gets no requests until a probe (`health.Health`'s probe thread, which clears the flag)
 finds its engine free again.
 
 User-prefix residency (pointwise deployments): `UserResidency` records which instance holds
@@ -46,7 +46,7 @@ class LiveInstance:
     failures: list[str] = field(default_factory=list)
     tier: set[str] | None = None        # the shared tier's items (one set for all); None: none
     # monotonic time of the last answer (or of creation): an instance that answers calls is
-    # busy, not stuck, whatever the wait of one call queued behind others (router._wait)
+    # busy, not stuck, whatever the wait of one call queued behind others (health.wait_answer)
     last_answer_s: float = field(default_factory=time.monotonic)
 
     @property

@@ -1,0 +1,77 @@
+"""The routing policies by name: the one list that the CLI (`serve --policy`), the served sweep
+(`loadgen.series`, `loadgen.targets`), the simulator (`sim.experiments`) and the benchmarks
+(`bench.sim`) read. A policy is added here once, with what its choice reads, and every reader
+sees it; nothing else spells the names out (issue 62 item 4; LMCache builds its backend chain
+from configuration in the same way).
+
+`reads` says what a policy's choice depends on beyond the request: "order" (the arrival order
+alone), "load" (the instances' outstanding work), "items" (the item KV each holds, and load).
+The simulator's cluster views carry load and items, so every policy runs there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import RcllmError
+from .cost import CostModel
+from .policies import Affinity, CostBased, HitOnly, LoadOnly, RoundRobin, RoutingPolicy
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """The knobs a policy may take (each policy reads its own)."""
+
+    w_hit: float = 1.0              # affinity's hit weight
+    w_idle: float | None = 4.0      # affinity's idleness weight; None: derived per decision
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    make: Callable[[CostModel, PolicyOptions], RoutingPolicy]
+    reads: str                      # "order" | "load" | "items" (module docstring)
+    summary: str                    # one line, for --help and the docs
+
+
+_SPECS = (
+    PolicySpec(RoundRobin.name, lambda cost, o: RoundRobin(), "order",
+               "instances in turn, blind to load and caches"),
+    PolicySpec(LoadOnly.name, lambda cost, o: LoadOnly(), "load",
+               "the least outstanding work; misses caches"),
+    PolicySpec(HitOnly.name, lambda cost, o: HitOnly(), "items",
+               "the most local item tokens; piles requests onto hot nodes"),
+    PolicySpec(Affinity.name, lambda cost, o: Affinity(cost, o.w_hit, o.w_idle), "items",
+               "RcLLM's hit rate x idleness, its balance derived from the cost model"),
+    PolicySpec(CostBased.name, lambda cost, o: CostBased(cost), "items",
+               "the lowest TTFT the cost model estimates (queue + service there)"),
+)
+REGISTRY: dict[str, PolicySpec] = {s.name: s for s in _SPECS}
+
+POLICIES = tuple(REGISTRY)
+# blind to what the instances hold: the served replay can simulate them without the caches
+CACHE_BLIND = tuple(n for n, s in REGISTRY.items() if s.reads in ("order", "load"))
+# the policy a method series of the served sweep is routed by (the rest: DEFAULT_POLICY); full
+# and prefix do not read the item KV, so their caches do not depend on the instance
+METHOD_POLICIES = {"full": LoadOnly.name, "prefix": LoadOnly.name}
+DEFAULT_POLICY = Affinity.name
+
+
+def method_policy(method: str) -> str:
+    """The policy the served sweep routes method `method`'s own series by."""
+    return METHOD_POLICIES.get(method, DEFAULT_POLICY)
+
+
+def check_policy(name: str) -> str:
+    """`name` when it is a registered policy; RcllmError naming the known ones otherwise."""
+    if name not in REGISTRY:
+        raise RcllmError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return name
+
+
+def routing_policy(name: str, cost: CostModel, w_hit: float = 1.0,
+                   w_idle: float | None = 4.0) -> RoutingPolicy:
+    """A fresh policy object by name (one of POLICIES); `w_idle` None: affinity's idleness
+    weight derived from the cost model at each decision (balance.py)."""
+    return REGISTRY[check_policy(name)].make(cost, PolicyOptions(w_hit, w_idle))
