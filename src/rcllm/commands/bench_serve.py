@@ -88,8 +88,13 @@ def _sweep_options(p) -> None:
                         "its default method is added as 'adapter' (default "
                         f"{series.DEFAULT_METHODS})")
     g.add_argument("--policies", default=series.DEFAULT_POLICIES,
-                   help="routing policies of the rcllm 0.3/0.3 series (default "
+                   help="routing policies of the policy series (default "
                         f"{series.DEFAULT_POLICIES})")
+    g.add_argument("--policy-method", default=series.POLICY_METHOD,
+                   metavar="METHOD[:ITEM_RATIO:HISTORY_RATIO]",
+                   help="the method the policy series runs under each of --policies, as in "
+                        f"--methods (default {series.POLICY_METHOD}; e.g. rcllm:0.15:0.15 with "
+                        "--set reuse.rcllm_select=overlap); checked before any model loads")
     g.add_argument("--instances", type=int, default=2, help="Ray instances (default 2)")
     g.add_argument("--trace-window", default="users", metavar="users|tail|at:P",
                    help="which --requests consecutive review events form the trace: users = "

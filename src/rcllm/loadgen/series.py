@@ -1,10 +1,19 @@
 """What a served sweep runs (`rcllm bench serve --sweep`, loadgen/sweep.py): its series — a
-method with its routing policy — and its rates, parsed from the command line."""
+method with its routing policy — and its rates, parsed from the command line.
+
+Two kinds of series, told apart by each cell's `roles`: a *method* series is a method routed by
+its own policy (`routing.registry.method_policy`); the *policy* series is one method (the
+`--policy-method`, rcllm 0.3/0.3 by default) under each `--policies` policy. A cell may play
+both roles: the policy series' cell under the method's own policy is the method series' cell.
+Method names are checked against the engine's (`config.METHODS`) before anything starts.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
+from ..config import METHODS
 from ..errors import RcllmError
 from ..routing.registry import POLICIES, check_policy, method_policy
 
@@ -12,7 +21,9 @@ DEFAULT_METHODS = "full,prefix,rcllm:0.3:0.3,rcllm:0.15:0.15"
 # every registered policy (routing/registry.py), in name order
 DEFAULT_POLICIES = ",".join(sorted(POLICIES))
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
-POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run
+POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run by default
+# the policy series' name in sweeps recorded before cells carried their roles
+LEGACY_POLICY_SERIES = "rcllm-0.3/0.3"
 
 
 @dataclass(frozen=True)
@@ -21,6 +32,7 @@ class Series:
     policy: str
     fields: dict = field(default_factory=dict)     # added to every body (method, ratios)
     method: str = "default"
+    roles: tuple[str, ...] = ("method",)        # "method" and/or "policy" (module docstring)
 
     def body(self, body: dict) -> dict:
         return {**body, **self.fields}
@@ -44,27 +56,54 @@ def parse_method(spec: str) -> tuple[str, dict]:
     return spec, {"method": spec}
 
 
-def series_of(methods: str, policies: str, adapter: bool) -> list[Series]:
+def check_method(spec: str) -> tuple[str, dict]:
+    """`parse_method(spec)` for a method the engine knows (or 'adapter'); RcllmError naming
+    the known ones otherwise (before any model loads, not at the first request)."""
+    name, fields = parse_method(spec)
+    if fields.get("method", "adapter") not in (*METHODS, "adapter"):
+        raise RcllmError(f"unknown method {spec.split(':')[0]!r} in {spec!r}; known: "
+                         f"{', '.join(METHODS)}, adapter")
+    return name, fields
+
+
+def series_of(methods: str, policies: str, adapter: bool,
+              policy_method: str = POLICY_METHOD) -> list[Series]:
     """The method series (each routed by `registry.method_policy`: full/prefix load-only, the
-    rest by affinity) and the policy series (rcllm 0.3/0.3 under each policy; its affinity
-    cell is the method series' own)."""
+    rest by affinity) and the policy series (`policy_method` under each policy; where a method
+    series already is that method under that policy, it plays both roles)."""
     out: list[Series] = []
     specs = [m for m in methods.split(",") if m]
     if adapter and "adapter" not in specs:
         specs.append("adapter")
     for spec in specs:
-        name, fields = parse_method(spec)
+        name, fields = check_method(spec)
         base = fields.get("method", "adapter")
         out.append(Series(name, method_policy(base), fields, base))
-    pname, pfields = parse_method(POLICY_METHOD)
+    pname, pfields = check_method(policy_method)
+    if pname == "adapter" and not adapter:
+        raise RcllmError("--policy-method adapter needs --adapter")
     for policy in [p for p in policies.split(",") if p]:
         check_policy(policy)
-        if any(s.name == pname and s.policy == policy for s in out):
+        both = [k for k, s in enumerate(out) if s.name == pname and s.policy == policy]
+        if both:
+            out[both[0]] = dataclasses.replace(out[both[0]], roles=("method", "policy"))
             continue
-        out.append(Series(pname, policy, pfields, "rcllm"))
+        out.append(Series(pname, policy, pfields, pfields.get("method", "adapter"),
+                          roles=("policy",)))
     if not out:
         raise RcllmError("the sweep needs at least one method or policy")
     return out
+
+
+def in_role(cell: dict, role: str) -> bool:
+    """Whether a sweep cell belongs to a method series (`role` "method") or to the policy
+    series ("policy"). A cell recorded before cells carried their roles: the policy series is
+    rcllm 0.3/0.3, its affinity cell the method series' own."""
+    if "roles" in cell:
+        return role in cell["roles"]
+    policy = cell["method"] == LEGACY_POLICY_SERIES
+    return policy if role == "policy" else (not policy or cell["policy"] == method_policy(
+        "rcllm"))
 
 
 def parse_rates(spec: str) -> list[tuple[float, bool]]:

@@ -42,11 +42,11 @@ import numpy as np
 
 from ..errors import RcllmError
 from ..report import markdown_table
-from ..sim.plots import draw_sweep, method_cell, policy_cell
+from ..sim.plots import draw_sweep
 from .cells import TABLE, cell_metrics
 from .client import run_load
 from .phases import redated, wait_until_stored
-from .series import POLICY_METHOD, Series, parse_method, parse_rates, series_of
+from .series import POLICY_METHOD, Series, in_role, parse_method, parse_rates, series_of
 from .targets import format_targets, sweep_targets
 from .trace import review_trace
 
@@ -71,7 +71,7 @@ def _waves(url: str, bodies: list[dict], size: int) -> dict:
 def _warm_up(url: str, backend, trace, series, rates, wave: int):
     """The warm-up (every trace body once, then each series' first requests, off the books)
     and, when a rate is relative, the capacity probe: (warm-up summary, capacity rps | None)."""
-    warm_fields = parse_method(POLICY_METHOD)[1]
+    warm_fields = parse_method(POLICY_METHOD)[1]     # rcllm: reads (so fills) the item KV
     warm = _waves(url, [{**b, **warm_fields} for b in trace.bodies], wave)
     # each method's first requests (torch's first calls at its shapes) off the books
     first = trace.bodies[:wave]
@@ -110,6 +110,7 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     price_misses(res["requests"], backend.cost)
     cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
+            "roles": list(s.roles),
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
             # the items the router counts as held by each instance's own store after the cell
@@ -155,7 +156,7 @@ def run_sweep(args) -> int:
     from ..launch import load_data
 
     logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
-    series = series_of(args.methods, args.policies, bool(args.adapter))
+    series = series_of(args.methods, args.policies, bool(args.adapter), args.policy_method)
     rates = parse_rates(args.rates)
     profile = _router_profile(args)        # a bad --profile file is refused before anything
     cap = getattr(args, "redis_max_bytes", None)
@@ -299,11 +300,14 @@ def write_outputs(report: dict, out: str) -> None:
         fh.write(table + "\n\n```\n" + format_targets(report["targets"]) + "\n```\n")
     print(table)
     print(format_targets(report["targets"]))
-    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_methods.png"), method_cell,
-               lambda c: c["method"], "TTFT against rate per method (served cluster)")
-    plot_sweep(report["cells"], os.path.join(out, "ttft_vs_rate_policies.png"), policy_cell,
-               lambda c: c["policy"],
-               f"TTFT against rate per routing policy ({parse_method(POLICY_METHOD)[0]})")
+    cells = report["cells"]
+    plot_sweep(cells, os.path.join(out, "ttft_vs_rate_methods.png"),
+               lambda c: in_role(c, "method"), lambda c: c["method"],
+               "TTFT against rate per method (served cluster)")
+    named = sorted({c["method"] for c in cells if in_role(c, "policy")})
+    plot_sweep(cells, os.path.join(out, "ttft_vs_rate_policies.png"),
+               lambda c: in_role(c, "policy"), lambda c: c["policy"],
+               f"TTFT against rate per routing policy ({', '.join(named) or 'none'})")
 
 
 def plot_sweep(cells: list[dict], path: str, keep, label, title: str) -> None:

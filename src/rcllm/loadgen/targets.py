@@ -7,7 +7,8 @@ another SLO (`rcllm bench serve --report SWEEP.json --slo-ms S`).
 - **Goodput at the SLO**: a series' goodput is the most requests per second it answered within
   the SLO over the swept rates (below its capacity goodput follows the rate; above, it is what
   the series sustains); compared with prefix's the same way.
-- **Routing**: at the two highest rates, rcllm 0.3/0.3's P99 under affinity (and under cost,
+- **Routing**: at the two highest rates, the policy series' method's (rcllm 0.3/0.3 unless
+  `--policy-method` named another) P99 under affinity (and under cost,
   where it ran) against hit-only and load-only (each P99 with its bootstrap 90% interval in the
   cells).
 
@@ -22,9 +23,9 @@ import os
 from ..errors import RcllmError, read_json_file
 from ..routing.policies import Affinity, CostBased, HitOnly, LoadOnly
 from .cells import cell_metrics
+from .series import in_role
 
 BASELINE = "prefix"
-POLICY_SERIES = "rcllm-0.3/0.3"
 P99_TARGET = 1.5
 GOODPUT_TARGET = 1.5
 # the routing target: the cache-aware policies against the two that each miss one side
@@ -40,7 +41,7 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
     """The verdict of the module docstring for `cells` (their `goodput_rps` at `slo_ms`)."""
     own = {}                                    # method series on its own policy: rate → cell
     for c in cells:
-        if c["method"] != POLICY_SERIES or c["policy"] == AFFINITY:
+        if in_role(c, "method"):
             own.setdefault(c["method"], {})[c["rate_rps"]] = c
     base = own.get(BASELINE, {})
     meeting = [r for r, c in base.items() if _meets(c, slo_ms)]
@@ -60,7 +61,7 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
     policies = []
     by_policy = {}
     for c in cells:
-        if c["method"] == POLICY_SERIES:
+        if in_role(c, "policy"):
             by_policy.setdefault(c["rate_rps"], {})[c["policy"]] = c
     full_rates = sorted(r for r, ps in by_policy.items()
                         if {AFFINITY, *RIVALS} <= set(ps))
