@@ -14,16 +14,24 @@ TINY_TRAIN = ["--set", "train.steps=3", "--set", "train.batch=2", "--set", "trai
               "prompt.max_review_tokens=8", "--set", "lora.rank=2", "--set",
               "train.max_examples=5", "--set", "lora.first_layer=1"]
 
+LEARNS = [*TINY_TRAIN, "--set", "train.lr=1e-2"]   # with fav_dataset: learnt in 3 steps
+
 
 def _model(tiny_model_dir, tmp_path):
     return ["--set", f"model.path={tiny_model_dir}", "--set", "model.threads=0",
             "--set", f"model.cache_dir={tmp_path / 'cache'}"]
 
 
-def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
-    rc = main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path), *TINY_TRAIN])
+def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys, monkeypatch,
+                                        fav_dataset):
+    # users whose last item is always the same one, at a rate that learns it in 3 steps: the
+    # run learns (finetune.learnt), so the fast path is chosen (test_ft_learnt: when it is not)
+    monkeypatch.setattr("rcllm.commands.common.load_data", lambda args: fav_dataset)
+    rc = main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
+               *LEARNS])
     assert rc == 0
     out = capsys.readouterr().out
+    assert "learnt: validation cross-entropy" in out
     folders = list((tmp_path / "cache" / "adapters").iterdir())
     assert len(folders) == 1 and (folders[0] / "adapter.json").exists()
     # the curves are printed, and saved next to the adapter with the chance line
@@ -52,11 +60,11 @@ def test_finetune_then_eval_with_adapter(tiny_model_dir, tmp_path, capsys):
     assert {"ce_full", "ce_reuse", "kl"} <= set(curves["train"][0])
     # the same command again finds the finished adapter in its cache folder
     assert main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
-                 *TINY_TRAIN]) == 0
+                 *LEARNS]) == 0
     assert "already trained" in capsys.readouterr().out
     # another choice_targets changes no weights: the same adapter, its fast path chosen again
     assert main(["finetune", "--format", "synthetic", *_model(tiny_model_dir, tmp_path),
-                 *TINY_TRAIN, "--set", "train.choice_targets=1"]) == 0
+                 *LEARNS, "--set", "train.choice_targets=1"]) == 0
     out = capsys.readouterr().out
     assert "choosing the fast path again on 1 requests per validation user" in out
     again = json.loads((folders[0] / "adapter.json").read_text())

@@ -7,6 +7,8 @@
 - `validate`: the evaluation's cases for validation users, NDCG@10 / CE per path.
 - `choice`: the end-of-run fast-path choice the manifest's `fast_path` comes from (its trigger,
   the paths it tries, the rule) — `diagnose` holds the paths it scores.
+- `learnt`: whether a run learnt anything (kept checkpoint not the start, validation CE below
+  chance beyond noise); an adapter that did not names no fast path.
 - `curves`: training and validation curves (JSON, PNG with the ln C line, text).
 - `lora`: the low-rank factors, their effective weights during training and the merge at load.
 - `adapter`: the saved adapter (safetensors + JSON manifest with checksum, prompt version and

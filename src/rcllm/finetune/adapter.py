@@ -51,14 +51,32 @@ def save_adapter(folder: Path, factors: dict[str, torch.Tensor], manifest: dict)
     return folder / MANIFEST
 
 
+def _rewrite(folder: Path, manifest: dict) -> None:
+    """Writes an updated manifest in place (the weights and their checksum unchanged)."""
+    write_atomic(Path(folder) / MANIFEST,
+                 lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=2)))
+
+
 def record_fast_path(folder: Path, chosen: dict) -> None:
     """Rewrites the manifest with the fast path validated for the adapter (`fast_path`); the
     path it was trained for stays under `trained_fast_path`. The weights are not touched."""
     manifest = read_manifest(folder)
     manifest.setdefault("trained_fast_path", manifest.get("fast_path"))
     manifest["fast_path"] = chosen
-    write_atomic(Path(folder) / MANIFEST,
-                 lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=2)))
+    _rewrite(folder, manifest)
+
+
+def record_learnt(folder: Path, check: dict) -> None:
+    """Rewrites the manifest with whether the run learnt anything (`"learnt"`: true, false or
+    null, and `learnt_check`, `finetune.learnt`). An adapter that learnt nothing names no fast
+    path (`fast_path` null; the path it was trained for stays under `trained_fast_path`): its
+    rankings are the untuned model's. The weights are not touched."""
+    manifest = read_manifest(folder)
+    manifest["learnt"], manifest["learnt_check"] = check["learnt"], check
+    if check["learnt"] is False:
+        manifest.setdefault("trained_fast_path", manifest.get("fast_path"))
+        manifest["fast_path"] = None
+    _rewrite(folder, manifest)
 
 
 def fast_path(manifest: dict) -> dict | None:

@@ -10,7 +10,9 @@ it, the closest by mean NDCG@10, marked `"within": false` (`choose_fast_path`). 
 the share of the item tokens' layer work a path computes in the prompt (`computed_share`).
 
 Trigger: a pointwise adapter with a fast path whose choice is missing or was made on another
-`choice_targets`; the path it was trained for stays under `trained_fast_path`.
+`choice_targets`; the path it was trained for stays under `trained_fast_path`. Before it, the
+run is checked for having learnt anything (`learnt`): an adapter that learnt nothing is marked
+so in the manifest, names no fast path, and the choice is skipped.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ def choose_for_adapter(cfg, folder: Path, ds, val_users) -> None:
     from .adapter import read_manifest, record_fast_path
     from .validate import EVAL_HISTORY_WINDOW, validation_cases
 
+    if not _learnt(folder):
+        return
     manifest = read_manifest(folder)
     t = cfg.train
     if not _due(manifest, t):
@@ -144,6 +148,26 @@ def choose_for_adapter(cfg, folder: Path, ds, val_users) -> None:
     chosen["validation"]["targets_per_user"] = t.choice_targets
     record_fast_path(folder, chosen)
     print(_said(chosen, len(cases)))
+
+
+def _learnt(folder: Path) -> bool:
+    """False when the adapter learnt nothing (`learnt.learnt_check`, recorded in the manifest
+    the first time): then it says so, and no fast path is chosen."""
+    from .adapter import read_manifest, record_learnt
+    from .learnt import learnt_check
+
+    manifest = read_manifest(folder)
+    check = manifest.get("learnt_check")
+    if check is None:
+        check = learnt_check(manifest.get("best", {}),
+                             manifest.get("train", {}).get("val_candidates"))
+        record_learnt(folder, check)
+    if check["learnt"] is False:
+        print(f"the adapter learnt nothing: {check['reason']}. No fast path is chosen for it "
+              "and its rankings are the untuned model's (manifest: \"learnt\": false)")
+    elif check["learnt"]:
+        print(f"learnt: {check['reason']}")
+    return check["learnt"] is not False
 
 
 def _diagnoser(cfg, folder: Path, ds, fast: dict):
