@@ -48,14 +48,14 @@ def test_rates_series_and_cell_numbers():
             sweep.parse_rates(bad)
     series = sweep.series_of(sweep.DEFAULT_METHODS, sweep.DEFAULT_POLICIES, adapter=True)
     names = [(s.name, s.policy) for s in series]
-    assert names == [("full", "load-only"), ("prefix", "load-only"),
-                     ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.15/0.15", "affinity"),
+    assert names == [("full", "load-only"), ("prefix", "prefix-aware"),
+                     ("prefix@load-only", "load-only"), ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.15/0.15", "affinity"),
                      ("adapter", "affinity"), ("rcllm-0.3/0.3", "cost"),
                      ("rcllm-0.3/0.3", "hit-only"),
                      ("rcllm-0.3/0.3", "load-only"), ("rcllm-0.3/0.3", "round-robin")]
-    assert series[2].body({"user_id": "u"}) == {"user_id": "u", "method": "rcllm",
+    assert series[3].body({"user_id": "u"}) == {"user_id": "u", "method": "rcllm",
                                                  "item_ratio": 0.3, "history_ratio": 0.3}
-    assert "method" not in series[4].fields          # the adapter's own default method
+    assert "method" not in series[5].fields          # the adapter's own default method
     with pytest.raises(RcllmError):
         sweep.series_of("full", "nearest", adapter=False)
     rows = [{"status": 200, "latency_ms": ms, "ttft_ms": ms / 2, "total_ms": ms / 2 + 1,

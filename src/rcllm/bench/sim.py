@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ..routing.cost import CostModel, MethodConfig
-from ..routing.registry import POLICIES, routing_policy
+from ..routing.registry import ITEM_POLICIES, routing_policy
 from ..routing.views import ClusterView, RoutingRequest
 from ..routing.vidur_fit import builtin_profile
 from ..sim.engine import SimConfig, simulate
@@ -42,7 +42,7 @@ def bench_routing(num_instances: int = 100, repeats: int = 2000,
     reqs = [RoutingRequest(shape_of(w, i, int(w.history_tokens[i] * 0.9)), w.candidates[i],
                            w.item_tokens[w.candidates[i]]) for i in range(repeats)]
     out = {}
-    for name in POLICIES:
+    for name in ITEM_POLICIES:
         policy = routing_policy(name, cost)
         t0 = time.perf_counter()
         for req in reqs:

@@ -80,21 +80,7 @@ def _sweep_options(p) -> None:
                         "(--trace-window; retrieved candidates, "
                         "arrivals compressed to each rate); --configs and the phases are not "
                         "used")
-    g.add_argument("--rates", default=series.DEFAULT_RATES,
-                   help="comma list of requests/s, or Nx = N x capacity (K / prefix's mean "
-                        f"engine time, measured at start; default {series.DEFAULT_RATES})")
-    g.add_argument("--methods", default=series.DEFAULT_METHODS,
-                   help="comma list: METHOD or METHOD:ITEM_RATIO:HISTORY_RATIO; with --adapter "
-                        "its default method is added as 'adapter' (default "
-                        f"{series.DEFAULT_METHODS})")
-    g.add_argument("--policies", default=series.DEFAULT_POLICIES,
-                   help="routing policies of the policy series (default "
-                        f"{series.DEFAULT_POLICIES})")
-    g.add_argument("--policy-method", default=series.POLICY_METHOD,
-                   metavar="METHOD[:ITEM_RATIO:HISTORY_RATIO]",
-                   help="the method the policy series runs under each of --policies, as in "
-                        f"--methods (default {series.POLICY_METHOD}; e.g. rcllm:0.15:0.15 with "
-                        "--set reuse.rcllm_select=overlap); checked before any model loads")
+    _series_options(g)
     g.add_argument("--instances", type=int, default=2, help="Ray instances (default 2)")
     g.add_argument("--trace-window", default="users", metavar="users|tail|at:P",
                    help="which --requests consecutive review events form the trace: users = "
@@ -129,6 +115,30 @@ def _sweep_options(p) -> None:
                         "targets' verdict to --out (loadgen/targets.py)")
     g.add_argument("--out", default="bench-serve-sweep",
                    help="folder of sweep.json, sweep.md and the PNGs (default bench-serve-sweep)")
+
+
+
+def _series_options(g) -> None:
+    """What the sweep runs: its rates, method series and policy series (loadgen/series.py)."""
+    from ..loadgen import series
+
+    g.add_argument("--rates", default=series.DEFAULT_RATES,
+                   help="comma list of requests/s, or Nx = N x capacity (K / prefix's mean "
+                        f"engine time, measured at start; default {series.DEFAULT_RATES})")
+    g.add_argument("--methods", default=series.DEFAULT_METHODS,
+                   help="comma list: METHOD or METHOD:ITEM_RATIO:HISTORY_RATIO, each routed by "
+                        "its own policy (full load-only, prefix prefix-aware, the rest "
+                        "affinity) unless @POLICY follows it (prefix@load-only: the control); "
+                        "with --adapter its default method is added as 'adapter' (default "
+                        f"{series.DEFAULT_METHODS})")
+    g.add_argument("--policies", default=series.DEFAULT_POLICIES,
+                   help="routing policies of the policy series (default "
+                        f"{series.DEFAULT_POLICIES})")
+    g.add_argument("--policy-method", default=series.POLICY_METHOD,
+                   metavar="METHOD[:ITEM_RATIO:HISTORY_RATIO]",
+                   help="the method the policy series runs under each of --policies, as in "
+                        f"--methods (default {series.POLICY_METHOD}; e.g. rcllm:0.15:0.15 with "
+                        "--set reuse.rcllm_select=overlap); checked before any model loads")
 
 
 def _bodies(cases) -> list[dict]:

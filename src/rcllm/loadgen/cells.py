@@ -5,7 +5,8 @@ Per cell: TTFT as the client sees it (arrival to answer: the ranking is the firs
 and HTTP included) P50/P90/P99 with a bootstrap 90% interval of P50 and P99, the engine's own
 TTFT and the CPU its thread used to reach it (lower: it waited for a core), queue time (client
 latency - engine time), goodput (answered within `--slo-ms` per second of the cell's wall time)
-and SLO attainment, chunk and user-prefix hit ratios, 429s, 5xx and lost requests (transport
+and SLO attainment, chunk and user-prefix hit ratios, the prefix cache's hit ratio beyond the
+instruction (`prefix_metrics`), 429s, 5xx and lost requests (transport
 errors or timeouts). Where the hits came from (`miss_metrics`): chunk hits and misses, the item
 tokens computed on the spot because their chunk missed, the item KV imported between instances
 (items, and the time the imports took, waits for an engine lock apart) and the TTFT the missed
@@ -22,7 +23,8 @@ TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
          "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
          "chunk_hit_ratio", "item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms",
-         "user_prefix_hit_ratio", "user_prefix_append_ratio", "per_instance", "held_items",
+         "user_prefix_hit_ratio", "user_prefix_append_ratio", "prefix_hit_ratio",
+         "prefix_hit_requests", "per_instance", "held_items",
          "tier_items")
 
 
@@ -42,8 +44,11 @@ def bootstrap_interval(xs: np.ndarray, q: float, level: float = 0.9, draws: int 
     return [float(np.percentile(stats, lo)), float(np.percentile(stats, 100 - lo))]
 
 
-def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
-    """The per-cell numbers of one load's per-request rows (module docstring)."""
+def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
+                 instruction_tokens: int | None = None) -> dict:
+    """The per-cell numbers of one load's per-request rows (module docstring);
+    `instruction_tokens`: the instruction's tokens every prefix cache holds from start-up
+    (None: unknown, no prefix hit ratio)."""
     ok = [r for r in rows if r["status"] == 200]
     lat = np.array([r["latency_ms"] for r in ok])
     eng = np.array([r["ttft_ms"] for r in ok])
@@ -78,7 +83,7 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float) -> dict:
             "goodput_rps": within / wall_s if wall_s > 0 else 0.0,
             "slo_attainment": within / max(1, len(rows)),
             "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
-            **miss_metrics(ok),
+            **miss_metrics(ok), **prefix_metrics(ok, instruction_tokens),
             "user_prefix_hit_ratio": (sum(u == "hit" for u in up) / len(up)) if up else None,
             # a returning user's history has grown by the last review: at best an append
             "user_prefix_append_ratio": (sum(u == "append" for u in up) / len(up)) if up
@@ -109,3 +114,18 @@ def miss_metrics(ok: list[dict]) -> dict:
             "miss_cost_share": float(cost.sum() / engine_ms) if len(cost) and engine_ms > 0
             else None}
 
+
+
+def prefix_metrics(ok: list[dict], instruction_tokens: int | None) -> dict:
+    """The prefix cache's hits beyond the instruction's blocks (inserted at start-up, they
+    would make any ratio non-zero): `prefix_hit_ratio`, the prompts' tokens past the
+    instruction served from the prefix cache over all their tokens past it, and
+    `prefix_hit_requests`, the share of requests with any such hit. None where unknown: no
+    `instruction_tokens`, or rows recorded before they carried `prefix_tokens`."""
+    rows = [r for r in ok if "prefix_tokens" in r and "context_tokens" in r]
+    if instruction_tokens is None or not rows:
+        return {"prefix_hit_ratio": None, "prefix_hit_requests": None}
+    beyond = [max(0, r["prefix_tokens"] - instruction_tokens) for r in rows]
+    past = sum(max(0, r["context_tokens"] - instruction_tokens) for r in rows)
+    return {"prefix_hit_ratio": sum(beyond) / past if past else 0.0,
+            "prefix_hit_requests": sum(b > 0 for b in beyond) / len(rows)}

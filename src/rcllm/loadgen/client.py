@@ -43,7 +43,7 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                    lookups=st["chunk_hits"] + st["chunk_misses"],
                    fetched=st.get("fetched_items", 0), **_item_tokens(st),
                    user_prefix=st.get("user_prefix", "off"), method=js.get("method"),
-                   context_tokens=st.get("tokens", 0),
+                   context_tokens=st.get("tokens", 0), prefix_tokens=st.get("prefix_tokens", 0),
                    recomputed_tokens=st.get("recomputed_tokens", 0),
                    behind_tokens=st.get("behind_tokens", []),
                    **{k: st[k] for k in ("build_ms", "assemble_ms", "prefill_ms",

@@ -5,7 +5,9 @@ Two kinds of series, told apart by each cell's `roles`: a *method* series is a m
 its own policy (`routing.registry.method_policy`); the *policy* series is one method (the
 `--policy-method`, rcllm 0.3/0.3 by default) under each `--policies` policy. A cell may play
 both roles: the policy series' cell under the method's own policy is the method series' cell.
-Method names are checked against the engine's (`config.METHODS`) before anything starts.
+Method names are checked against the engine's (`config.METHODS`) before anything starts. A
+method series may name its policy, `METHOD@POLICY` (its series is then named so): the control
+`prefix@load-only` routes prefix caching by load alone, beside `prefix` routed prefix-aware.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from dataclasses import dataclass, field
 
 from ..config import METHODS
 from ..errors import RcllmError
-from ..routing.registry import POLICIES, check_policy, method_policy
+from ..routing.registry import ITEM_POLICIES, check_policy, method_policy
 
-DEFAULT_METHODS = "full,prefix,rcllm:0.3:0.3,rcllm:0.15:0.15"
-# every registered policy (routing/registry.py), in name order
-DEFAULT_POLICIES = ",".join(sorted(POLICIES))
+# prefix is routed as deployed (prefix-aware); prefix@load-only is its load-only control
+DEFAULT_METHODS = "full,prefix,prefix@load-only,rcllm:0.3:0.3,rcllm:0.15:0.15"
+# every registered policy that reads item KV or load (routing/registry.py), in name order
+DEFAULT_POLICIES = ",".join(sorted(ITEM_POLICIES))
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run by default
 # the policy series' name in sweeps recorded before cells carried their roles
@@ -68,17 +71,22 @@ def check_method(spec: str) -> tuple[str, dict]:
 
 def series_of(methods: str, policies: str, adapter: bool,
               policy_method: str = POLICY_METHOD) -> list[Series]:
-    """The method series (each routed by `registry.method_policy`: full/prefix load-only, the
-    rest by affinity) and the policy series (`policy_method` under each policy; where a method
+    """The method series (each routed by the policy it names, else by
+    `registry.method_policy`: full load-only, prefix prefix-aware, the rest affinity) and the
+    policy series (`policy_method` under each policy; where a method
     series already is that method under that policy, it plays both roles)."""
     out: list[Series] = []
     specs = [m for m in methods.split(",") if m]
     if adapter and "adapter" not in specs:
         specs.append("adapter")
     for spec in specs:
+        spec, _at, policy = spec.partition("@")
         name, fields = check_method(spec)
         base = fields.get("method", "adapter")
-        out.append(Series(name, method_policy(base), fields, base))
+        if policy:
+            out.append(Series(f"{name}@{check_policy(policy)}", policy, fields, base))
+        else:
+            out.append(Series(name, method_policy(base), fields, base))
     pname, pfields = check_method(policy_method)
     if pname == "adapter" and not adapter:
         raise RcllmError("--policy-method adapter needs --adapter")

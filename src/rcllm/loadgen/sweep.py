@@ -3,9 +3,11 @@ cluster (issue 30 item 1).
 
 One deployment (K Ray instances, one thread each, a private Redis tier unless `--no-redis`)
 serves every cell, so the instances' start-up is paid once. A cell is one (series, rate): a
-series is a method with its routing policy (`series.py`) — full and prefix routed load-only
-(their caches do not depend on the instance), rcllm (and an adapter's own default method, its
-fast path) by affinity, as in the simulator — or rcllm 0.3/0.3 under each other policy. Within
+series is a method with its routing policy (`series.py`) — full routed load-only, prefix as it
+is deployed, prefix-aware (to the instance whose prefix cache holds the longest prefix of the
+prompt unless its queue is longer: `routing.policies.PrefixAware`), with `prefix@load-only` as
+its control, rcllm (and an adapter's own default method, its fast path) by affinity — or the
+`--policy-method` (rcllm 0.3/0.3) under each other policy. Within
 a rate every series runs once, one after the other (so a drift of the shared machine's speed
 hits every series alike), the router's policy swapped between cells.
 
@@ -23,7 +25,8 @@ queue is drained, so a cell does not pay for the previous one's misses.
 Placement (`--placement metis|random`, `serve.router`): each instance builds its shard and the
 hot items at start; the report's `placement` says how many items each was given and kept, and
 `catalog_item_kv_bytes` the item KV of the whole catalog (to state `reuse.store_bytes` as a
-share of it). Per cell: the numbers of `cells.py`, with each answered request's `miss_cost_ms`
+share of it). Per cell: the numbers of `cells.py` (the prefix cache's hit ratio counted beyond
+the instruction's blocks, which every instance inserts at start), with each answered request's `miss_cost_ms`
 priced here by the router's cost model (`routing.balance.miss_cost_ms`). Outputs under
 `--out`: sweep.json (cells with every request's row; sweep.partial.json holds the cells done
 so far while it runs, what a stopped sweep leaves), sweep.md (the table) and two PNGs (TTFT against rate per method and per
@@ -111,7 +114,8 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             "roles": list(s.roles),
-            **cell_metrics(res["requests"], res["wall_s"], args.slo_ms),
+            **cell_metrics(res["requests"], res["wall_s"], args.slo_ms,
+                           backend.prefix_instruction_tokens),
             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
             # the items the router counts as held by each instance's own store after the cell
             # (views.LiveInstance), and beside a Redis tier its picture of the tier (tier.py)
@@ -181,6 +185,9 @@ def run_sweep(args) -> int:
               "trace": trace.summary(), "capacity_rps": run["capacity"],
               "start_s": run["start_s"], "cells_arrival_span_s": run["span_s"],
               "slo_ms": args.slo_ms, "instances": args.instances,
+              # the instruction's tokens every prefix cache holds from start-up (the cells'
+              # prefix hit ratio counts beyond them; `targets.reread` reads it back)
+              "prefix_instruction_tokens": run["prefix_instruction_tokens"],
               "router_profile": run["profile"], "cpu_count": os.cpu_count(),
               "placement": run["placement"], "affinity_idle_weight": _idle_weight(args),
               "series": [s.__dict__ for s in series],
@@ -256,6 +263,7 @@ def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
         running.stop()
     return {"start_s": start_s, "capacity": capacity, "span_s": span_s, "cells": cells,
             "profile": profile, "placement": backend.placement_info,
+            "prefix_instruction_tokens": backend.prefix_instruction_tokens,
             "item_tokens": backend.item_tokens, "warm_requests": [
                 {k: r.get(k) for k in WARM_FIELDS} for r in warm["requests"]]}
 

@@ -115,8 +115,9 @@ def format_targets(t: dict) -> str:
 
 
 def _verdict(name: str, ratio: float | None, target: float) -> str:
-    """The targets judge the reuse methods; full (and the baseline itself) are shown only."""
-    if ratio is None or name in ("full", BASELINE):
+    """The targets judge the reuse methods; full and prefix (the baseline, and prefix under
+    another policy: `prefix@load-only`) are shown only."""
+    if ratio is None or name.split("@")[0] in ("full", BASELINE):
         return ""
     return f" ({'met' if ratio >= target else 'missed'}, target {target:g})"
 
@@ -136,7 +137,8 @@ def reread(path: str, slo_ms: float, out: str) -> dict:
     for c in report["cells"]:
         if "requests" not in c:
             raise RcllmError(f"--report {path!r}: a cell has no per-request rows")
-        cells.append({**c, **cell_metrics(c["requests"], c["wall_s"], slo_ms)})
+        cells.append({**c, **cell_metrics(c["requests"], c["wall_s"], slo_ms,
+                                          report.get("prefix_instruction_tokens"))})
     n = max(c["sent"] for c in cells)
     return {**report, "partial": report.get("partial", False), "slo_ms": slo_ms,
             "reread_from": path, "cells": cells,

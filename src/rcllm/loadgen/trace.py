@@ -29,7 +29,14 @@ in one sitting, so even its busiest window of 100 ratings holds 20 users (80 rep
 recommender would be asked.
 The trace's `summary()` reports users per 100 requests and the coefficient of variation of the
 inter-arrival gaps (1 for Poisson arrivals, above 1 burstier), so the choice is visible in
-every sweep's output.
+every sweep's output; and of the repeat requests, how many carry the user's previous history
+grown at its end (`history_extends`: the previous prompt's history is a prefix of this one's,
+so prefix caching serves it on the instance that served the previous one), and how many share
+their whole shorter history with the previous request (`history_prefix_shared`: also a
+history that came out shorter, as when a user's reviews of one day, spread over the day in
+random order, arrive out of order: the cached longer prompt holds it all). A sliding window
+(the last `history_window` reviews, full once a user has that many) does neither: its first
+review drops as a new one joins.
 
 Arrivals: review timestamps are whole days in the Amazon 2018 files, so requests of one day
 are spread uniformly over it (seeded); timestamps with seconds (MovieLens) are spread only
@@ -46,6 +53,7 @@ import numpy as np
 
 from ..errors import RcllmError
 from ..records import Dataset
+from ..routing.requests import entry_key
 
 WINDOWS = ("users", "tail", "at:P")
 DAY_S = 86_400
@@ -74,6 +82,22 @@ class Trace:
         """Requests whose user came earlier in the trace."""
         return len(self.users) - len(set(self.users))
 
+    def history_growth(self) -> tuple[int, int]:
+        """Of the repeat requests, (those whose history is the user's previous request's
+        with entries added at its end, those sharing their whole shorter history with it as a
+        prefix): module docstring."""
+        last: dict[str, list] = {}
+        grew = shared = 0
+        for b in self.bodies:
+            hist = [entry_key(h) for h in b["history"]]
+            prev = last.get(b["user_id"])
+            if prev is not None:
+                n = min(len(prev), len(hist))
+                grew += len(prev) < len(hist) and hist[:n] == prev
+                shared += n > 0 and hist[:n] == prev[:n]
+            last[b["user_id"]] = hist
+        return grew, shared
+
     def gap_cv(self) -> float:
         """Coefficient of variation of the inter-arrival gaps (std / mean): 1 for Poisson
         arrivals, above 1 burstier; NaN with fewer than 3 requests or no span."""
@@ -86,7 +110,10 @@ class Trace:
         n = len(self.bodies)
         return {"requests": n, "users": len(set(self.users)),
                 "users_per_100_requests": 100.0 * len(set(self.users)) / max(1, n),
-                "repeat_requests": self.repeats(), "gap_cv": self.gap_cv(),
+                "repeat_requests": self.repeats(),
+                **dict(zip(("history_extends", "history_prefix_shared"),
+                           self.history_growth())),
+                "gap_cv": self.gap_cv(),
                 "window": self.window, "session_gap_s": self.session_gap_s,
                 "span_days": float((self.times_s[-1] - self.times_s[0]) / DAY_S)
                 if len(self.times_s) else 0.0,

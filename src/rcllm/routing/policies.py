@@ -14,6 +14,10 @@ registry (`registry.py`) builds them by name.
   count; the served router's default); the fixed default 4 comes from a sweep of 40 simulated
   instances (simulator.md).
 - cost: the lowest TTFT estimated by the cost model (queue wait + service on that instance).
+- prefix-aware: prefix caching as deployed (SGLang's cache-aware router, llm-d's precise prefix
+  scorer): the instance holding the request's longest cached prompt prefix, unless its queue
+  is longer than the shortest by more than a threshold; then, or where no instance holds any
+  of it, load-only.
 Score ties go to the lower outstanding work, then the lower index; load-only rotates ties.
 """
 
@@ -128,6 +132,38 @@ class CostBased:
         local = cluster.locality.local_tokens(request.items, request.item_tokens)
         ttft = self.cost.ttft_ms(request.shape, local, cluster.outstanding_ms)
         return int(np.argmin(ttft))
+
+
+class PrefixAware:
+    """The instance whose prefix cache holds the longest prefix of the request's prompt
+    (`cluster.prefixes`, the router's picture: `prefixes.PrefixIndex`), balanced against load
+    as SGLang's cache-aware router does: when that instance's queue holds more than
+    `max_extra_requests` requests beyond the shortest queue, or no instance holds any of the
+    prefix, the request goes by load (`LoadOnly`, its ties rotating). Ties between equally long
+    matches go to the less outstanding work. SGLang's default imbalance threshold (64
+    requests) is for engines that batch dozens of requests; an rcllm instance runs one at a
+    time, so one request queued ahead costs a whole service time, more than a history's
+    prefix saves: the default lets the match win by at most one queued request."""
+
+    name = "prefix-aware"
+
+    def __init__(self, max_extra_requests: int = 1) -> None:
+        if max_extra_requests < 0:
+            raise RcllmError("prefix-aware: max_extra_requests must be >= 0")
+        self.max_extra_requests = max_extra_requests
+        self._load = LoadOnly()
+
+    def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
+        if cluster.prefixes is None:
+            raise RcllmError("prefix-aware routing needs the cluster's prefix picture "
+                             "(ClusterView.prefixes); this view has none")
+        matched = cluster.prefixes.matched_tokens(request.prefix, request.prefix_tokens)
+        if matched.max() <= 0:
+            return self._load.choose(request, cluster)
+        pick = _argmax_then_least_loaded(matched, cluster)
+        if cluster.queue_depth[pick] - cluster.queue_depth.min() > self.max_extra_requests:
+            return self._load.choose(request, cluster)
+        return pick
 
 
 def __getattr__(name: str):

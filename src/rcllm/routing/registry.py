@@ -5,8 +5,9 @@ sees it; nothing else spells the names out (issue 62 item 4; LMCache builds its 
 from configuration in the same way).
 
 `reads` says what a policy's choice depends on beyond the request: "order" (the arrival order
-alone), "load" (the instances' outstanding work), "items" (the item KV each holds, and load).
-The simulator's cluster views carry load and items, so every policy runs there.
+alone), "load" (the instances' outstanding work), "items" (the item KV each holds, and load),
+"prefixes" (the prefix caches' picture, `prefixes.PrefixIndex`, and load). The simulator's
+cluster views carry load and items, not yet a prefix picture: `ITEM_POLICIES` run there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Callable
 
 from ..errors import RcllmError
 from .cost import CostModel
-from .policies import Affinity, CostBased, HitOnly, LoadOnly, RoundRobin, RoutingPolicy
+from .policies import (Affinity, CostBased, HitOnly, LoadOnly, PrefixAware, RoundRobin,
+                       RoutingPolicy)
 
 
 @dataclass(frozen=True)
@@ -25,13 +27,14 @@ class PolicyOptions:
 
     w_hit: float = 1.0              # affinity's hit weight
     w_idle: float | None = 4.0      # affinity's idleness weight; None: derived per decision
+    prefix_max_extra: int = 1       # prefix-aware: queued requests a match may add
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     name: str
     make: Callable[[CostModel, PolicyOptions], RoutingPolicy]
-    reads: str                      # "order" | "load" | "items" (module docstring)
+    reads: str                      # "order" | "load" | "items" | "prefixes" (module docstring)
     summary: str                    # one line, for --help and the docs
 
 
@@ -46,15 +49,20 @@ _SPECS = (
                "RcLLM's hit rate x idleness, its balance derived from the cost model"),
     PolicySpec(CostBased.name, lambda cost, o: CostBased(cost), "items",
                "the lowest TTFT the cost model estimates (queue + service there)"),
+    PolicySpec(PrefixAware.name, lambda cost, o: PrefixAware(o.prefix_max_extra), "prefixes",
+               "the longest cached prompt prefix unless its queue is longer (SGLang, llm-d)"),
 )
 REGISTRY: dict[str, PolicySpec] = {s.name: s for s in _SPECS}
 
 POLICIES = tuple(REGISTRY)
+# those that need no prefix picture: they run on any cluster view (the simulator's) and form
+# the served sweep's policy series (its method reads item KV, not the prefix cache)
+ITEM_POLICIES = tuple(n for n, s in REGISTRY.items() if s.reads != "prefixes")
 # blind to what the instances hold: the served replay can simulate them without the caches
 CACHE_BLIND = tuple(n for n, s in REGISTRY.items() if s.reads in ("order", "load"))
-# the policy a method series of the served sweep is routed by (the rest: DEFAULT_POLICY); full
-# and prefix do not read the item KV, so their caches do not depend on the instance
-METHOD_POLICIES = {"full": LoadOnly.name, "prefix": LoadOnly.name}
+# the policy a method series of the served sweep is routed by (the rest: DEFAULT_POLICY): full
+# reads no cache, so load decides; prefix is routed as it is deployed, prefix-aware
+METHOD_POLICIES = {"full": LoadOnly.name, "prefix": PrefixAware.name}
 DEFAULT_POLICY = Affinity.name
 
 

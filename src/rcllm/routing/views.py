@@ -31,11 +31,15 @@ class InstanceView:
 
 @dataclass(frozen=True)
 class RoutingRequest:
-    """What a policy knows of a request: its shape and its candidate items with token counts."""
+    """What a policy knows of a request: its shape and its candidate items with token counts;
+    for prefix-aware routing, its prompt's prefix chain (`prefixes.prefix_chain`) with the
+    tokens of each segment (empty where the caller builds none: the simulator's requests)."""
 
     shape: RequestShape
     items: Sequence[Hashable] | np.ndarray
     item_tokens: np.ndarray       # int, aligned with items
+    prefix: tuple[int, ...] = ()
+    prefix_tokens: tuple[int, ...] = ()     # aligned with prefix
 
 
 class Locality(Protocol):
@@ -86,13 +90,28 @@ class ArrayLocality:
         return out
 
 
-class ClusterView:
-    """Per-instance load arrays plus item locality; the simulator mutates the arrays."""
+class PrefixLocality(Protocol):
+    """Which prompt prefixes each instance's prefix cache holds (`prefixes.PrefixView`)."""
 
-    def __init__(self, locality: Locality, profile: SpeedProfile) -> None:
+    num_instances: int
+
+    def matched_tokens(self, keys: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """Tokens of the longest held prefix of chain `keys` per instance: float [K]."""
+        ...
+
+
+class ClusterView:
+    """Per-instance load arrays plus item locality, and (where the caller keeps one) the
+    prefix caches' picture; the simulator mutates the arrays."""
+
+    def __init__(self, locality: Locality, profile: SpeedProfile,
+                 prefixes: PrefixLocality | None = None) -> None:
         k = locality.num_instances
+        if prefixes is not None and prefixes.num_instances != k:
+            raise ValueError("the prefix picture and the locality differ in instances")
         self.locality = locality
         self.profile = profile
+        self.prefixes = prefixes      # None: no prefix picture (prefix-aware cannot route)
         self.outstanding_ms = np.zeros(k)
         self.queue_depth = np.zeros(k, dtype=np.int64)
 
@@ -101,9 +120,11 @@ class ClusterView:
         return self.locality.num_instances
 
     @classmethod
-    def from_instances(cls, instances: Sequence[InstanceView]) -> "ClusterView":
+    def from_instances(cls, instances: Sequence[InstanceView],
+                       prefixes: PrefixLocality | None = None) -> "ClusterView":
         """Builds the array view from per-instance reports (the real deployment's path)."""
-        view = cls(SetLocality([i.cached_items for i in instances]), instances[0].profile)
+        view = cls(SetLocality([i.cached_items for i in instances]), instances[0].profile,
+                   prefixes)
         for k, inst in enumerate(instances):
             view.outstanding_ms[k] = inst.outstanding_ms
             view.queue_depth[k] = inst.queue_depth

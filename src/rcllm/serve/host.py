@@ -110,6 +110,23 @@ class EngineHost:
         cache = self.engine.user_prefixes
         return cache is not None and cache.latest(user_id) is not None
 
+    def prefix_cache_info(self) -> dict[str, Any]:
+        """What the router's picture of this engine's prefix cache needs: `instruction_tokens`,
+        the instruction's tokens the cache holds since start-up (every prompt's first blocks:
+        a hit beyond them is a prompt's own), `capacity_tokens` (its capacity in tokens of this
+        model's KV) and `inserts` (whether exact prompts are inserted, `reuse.prefix_insert`)."""
+        e = self.engine
+        with self.lock:
+            ids = e.strategy.context_ids("instruction")
+            found = e.prefix.match(ids, len(ids))
+        if found is not None:
+            per_token = sum(k.nbytes + v.nbytes for _s, k, v in found.pieces) / found.length
+        else:       # an instruction shorter than a block: the model's KV per token
+            per_token = e.model.arch.kv_bytes_per_token_fp32 * e.model.dtype.itemsize / 4
+        return {"instruction_tokens": 0 if found is None else int(found.length),
+                "capacity_tokens": int(e.prefix.store.capacity_bytes // max(1.0, per_token)),
+                "inserts": bool(e.cfg.reuse.prefix_insert)}
+
     # ---- catalog ----------------------------------------------------------------------------
     def submit_items(self, items: list[Item]) -> None:
         """Queues builds; the items become visible once built. Raises Overloaded when too

@@ -29,17 +29,20 @@ class Instance:
         self.index = index
         self.host = EngineHost(engine)
         self.built = 0
+        self.prefix_info = self.host.prefix_cache_info()    # fixed from start-up on
 
     def ping(self) -> dict[str, Any]:
         """Who this is; `user_prefix_ttl_s`: the longest a user side stays cached (None: no
         user-prefix cache, a listwise scorer); `history_window`: the reviews a prompt keeps
-        (the router's residency compares windows); `niceness`: its process's nice value."""
+        (the router's residency compares windows); `niceness`: its process's nice value;
+        `prefix_cache`: what the router's picture of its prefix cache needs
+        (`EngineHost.prefix_cache_info`)."""
         engine = self.host.engine
         cache = engine.user_prefixes
         ttl = None if cache is None else (cache.cfg.ttl_s or cache.cfg.max_ttl_s)
         return {"index": self.index, "pid": os.getpid(), "built": self.built,
                 "user_prefix_ttl_s": ttl, "history_window": engine.cfg.prompt.history_window,
-                "niceness": os.nice(0)}
+                "niceness": os.nice(0), "prefix_cache": self.prefix_info}
 
     def calibrate(self, cases: int) -> dict[str, Any]:
         """Timed real rankings for the router's speed profile (`serve.calibrate`): the

@@ -1,13 +1,16 @@
 """The router's picture of what each instance holds, kept from its own calls and answers.
 
-Three parts, each learnt without asking the instances:
+Four parts, each learnt without asking the instances:
 - item KV (`views.LiveInstance.cached`): the placement each store kept at start, then the
   candidates of every answer (misses are cached after it) less what the answer says the store
   lost;
 - user sides (`views.UserResidency`, pointwise deployments): the instance that last prewarmed
   or ranked each user, while the side can serve the user's next request;
 - beside a shared Redis tier (`tier.SharedTier`): what the tier holds, an item there local on
-  every instance, and what a capped tier evicts leaves it (Redis' keyspace events).
+  every instance, and what a capped tier evicts leaves it (Redis' keyspace events);
+- prompt prefixes (`rcllm.routing.prefixes.PrefixIndex`): the prefix chains of the exact
+  prompts each instance computed (full, prefix: those its prefix cache inserts), bounded by
+  that cache's capacity, as SGLang's cache-aware router keeps an approximate radix tree.
 `view` turns it into the `rcllm.routing.ClusterView` a policy reads. Mutated only on the
 router's event loop (the tier's own watcher thread aside: `tier.py`).
 """
@@ -16,18 +19,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..routing import ClusterView, SpeedProfile
+from ..routing import ClusterView, RoutingRequest, SpeedProfile
+from ..routing.prefixes import PrefixIndex
 from .tier import SharedTier
 from .views import LiveInstance, UserResidency, cluster_view
 
 
+# the methods whose exact prompts an engine inserts into its prefix cache (Engine._after)
+PREFIX_INSERTING = ("full", "prefix")
+
+
 class Picture:
     def __init__(self, instances: list[LiveInstance], profile: SpeedProfile,
-                 residency: UserResidency | None, tier: SharedTier | None) -> None:
+                 residency: UserResidency | None, tier: SharedTier | None,
+                 prefixes: PrefixIndex | None = None) -> None:
         self.instances = instances
         self.profile = profile
         self.residency = residency      # None: no user-prefix cache (a listwise scorer)
         self.tier = tier                # None: no shared tier
+        self.prefixes = prefixes        # None: the engines insert no prompts
 
     def view(self, live: list[LiveInstance], payload: dict[str, Any]) -> ClusterView:
         """The policy's view of `live` for `payload`: its user's side counts as held on the
@@ -38,7 +48,8 @@ class Picture:
                 if self.residency is not None else None)
         if self.tier is not None:
             self.tier.drain()           # what a capped tier evicted leaves its picture
-        return cluster_view(live, self.profile, user if home is not None else None, home)
+        return cluster_view(live, self.profile, user if home is not None else None, home,
+                            self.prefixes)
 
     def answered(self, inst: LiveInstance, estimate_ms: float, ms: float, served: list[str],
                  lost: list[str] | None) -> None:
@@ -56,10 +67,19 @@ class Picture:
                 kind == "prewarm" or out["stats"].get("user_prefix", "off") != "off"):
             self.residency.note(payload["user_id"], inst.index, payload.get("history"))
 
+    def prompt_served(self, inst: LiveInstance, request: RoutingRequest,
+                      out: dict[str, Any]) -> None:
+        """A ranking answered: with a method whose exact prompt `inst` inserts into its prefix
+        cache, the request's prefix chain is held there now."""
+        if self.prefixes is not None and out.get("method") in PREFIX_INSERTING:
+            self.prefixes.insert(inst.index, request.prefix, request.prefix_tokens)
+
     def forget(self, index: int) -> None:
         """Instance `index` died: nothing of it is reusable any more."""
         if self.residency is not None:
             self.residency.forget_instance(index)
+        if self.prefixes is not None:
+            self.prefixes.forget(index)
 
     def items_submitted(self, ids: list[str], redis_keys: dict[str, str] | None) -> None:
         """New or changed items: every instance builds them (they count as held there), and

@@ -5,8 +5,8 @@ The router is a small loop over boundary objects, one concern each:
   replicated to every live instance; measurements; fault injection);
 - `cluster_start`: which items each instance builds at start (`place_items`) and what each
   kept (`warm`);
-- `picture.Picture`: what each instance holds (item KV, user sides, a shared tier), learnt from
-  the router's own calls, and the `rcllm.routing.ClusterView` a policy reads;
+- `picture.Picture`: what each instance holds (item KV, user sides, a shared tier, prompt
+  prefixes), learnt from the router's own calls, and the `rcllm.routing.ClusterView` a policy reads;
 - `admission.Admission`: at most `queue_size` requests in flight per instance, beyond that 429;
 - `health.Health`: dead and suspect instances, and the probe thread that re-admits them;
 - `imports.ItemImports`: which item KV an instance imports from the others.
@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import RcllmError
 from ..records import Item
 from ..routing import CostModel, MethodConfig, SpeedProfile, routing_policy
+from ..routing.prefixes import PrefixIndex
 from .actors import InstanceActors
 from .admission import Admission
 from .calibrate import router_profile
@@ -67,7 +68,7 @@ class RayBackend:
                                       object_store_bytes)
         instances, residency, tier = self._place(spec, hot_fraction, placement, placement_seed)
         self._price(profile, save_profile_to, calibrate_cases)
-        self.picture = Picture(instances, self.profile, residency, tier)
+        self.picture = Picture(instances, self.profile, residency, tier, self._prefixes())
         self.imports = ItemImports(CostModel(self.profile, MethodConfig(remote_items="fetch")),
                                    imports_item_kv(spec, fetch_remote),
                                    spec.engine_config()[0].reuse.method)
@@ -82,6 +83,10 @@ class RayBackend:
         """Places and builds the items at start; (the router's instances, its user-side map,
         its picture of a shared tier or None)."""
         ping = self._actors.pings[0]
+        self.history_window = int(ping["history_window"])    # the reviews a prompt keeps
+        # the instruction's tokens every prefix cache holds from start-up (the sweep's hit
+        # ratio counts only hits beyond them)
+        self.prefix_instruction_tokens = int(ping["prefix_cache"]["instruction_tokens"])
         ttl = ping.get("user_prefix_ttl_s")
         residency = (UserResidency(ttl, history_window=ping.get("history_window") or 0)
                      if ttl else None)              # None: no user-prefix cache
@@ -92,6 +97,13 @@ class RayBackend:
                                                   len(self.actors), hot_fraction, how, seed)
         held, self.placement_info["held_after_build"] = warm(self._actors, placed, tier)
         return live_instances(held, tier.held if tier else None), residency, tier
+
+    def _prefixes(self) -> PrefixIndex | None:
+        """The router's picture of the instances' prefix caches (None when the engines insert
+        no prompts: prefix-aware routing then refuses to route)."""
+        info = self._actors.pings[0]["prefix_cache"]
+        return (PrefixIndex(len(self.actors), info["capacity_tokens"]) if info["inserts"]
+                else None)
 
     def _price(self, profile: str | SpeedProfile, save_to: str | None, cases: int) -> None:
         """The router's speed profile (calibrated on instance 0, built in, or given) and its
@@ -135,7 +147,8 @@ class RayBackend:
 
     # ---- requests -------------------------------------------------------------------------
     async def rank(self, payload: dict[str, Any]) -> dict[str, Any]:
-        request = routing_request(payload, self.item_tokens, self.residency is not None)
+        request = routing_request(payload, self.item_tokens, self.residency is not None,
+                                  self.history_window)
         return await self._route("rank", payload, request)
 
     async def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +157,8 @@ class RayBackend:
         user-prefix cache."""
         if self.residency is None:
             raise RcllmError("prewarm needs the pointwise scorer (the user-prefix cache)")
-        request = routing_request({**payload, "candidates": []}, self.item_tokens, True)
+        request = routing_request({**payload, "candidates": []}, self.item_tokens, True,
+                                  self.history_window)
         return await self._route("prewarm", payload, request)
 
     async def _route(self, kind: str, payload: dict[str, Any], request) -> dict[str, Any]:
@@ -167,6 +181,8 @@ class RayBackend:
             if "error" in out:
                 raise RcllmError(out["error"])
             self.picture.user_served(kind, inst, payload, out)
+            if kind == "rank":
+                self.picture.prompt_served(inst, request, out)
             return out
 
     def _choose(self, live: list[LiveInstance], payload: dict[str, Any], request

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Hashable, Iterator
 
 from ..routing import ClusterView, InstanceView, SpeedProfile
+from ..routing.prefixes import PrefixIndex, PrefixView
+from ..routing.requests import entry_key
 from ..routing.requests import routing_request, user_key  # noqa: F401 (the router's, read here)
 
 
@@ -110,12 +112,6 @@ class _Union:
         return sum(1 for _ in self)
 
 
-def _entry_key(entry: dict) -> tuple:
-    """A history entry of a payload as the engine's history hash sees it (its content)."""
-    return (str(entry.get("item_id")), entry.get("rating"), entry.get("timestamp"),
-            entry.get("review"))
-
-
 class UserResidency:
     """Which instance holds each user's user side, as the router learns it from its own
     prewarm and rank answers. An entry expires after `ttl_s` (the cache's longest TTL), and at
@@ -139,7 +135,7 @@ class UserResidency:
     def _kept(self, history) -> tuple | None:
         if history is None or not self.history_window:
             return None
-        return tuple(_entry_key(e) for e in list(history)[-self.history_window:])
+        return tuple(entry_key(e) for e in list(history)[-self.history_window:])
 
     def note(self, user_id: str, index: int, history=None) -> None:
         self._homes[user_id] = (index, self._clock() + self.ttl_s, self._kept(history))
@@ -171,9 +167,11 @@ class UserResidency:
 
 
 def cluster_view(instances: list[LiveInstance], profile: SpeedProfile,
-                 user_id: str | None = None, home: int | None = None) -> ClusterView:
+                 user_id: str | None = None, home: int | None = None,
+                 prefixes: PrefixIndex | None = None) -> ClusterView:
     """The policy's view of `instances`; `home` (an instance index) holds `user_id`'s user
-    side."""
+    side; `prefixes`: the router's picture of the prefix caches (None: none kept)."""
     extra = frozenset([user_key(user_id)]) if user_id is not None else frozenset()
-    return ClusterView.from_instances([i.view(profile, extra if i.index == home else frozenset())
-                                       for i in instances])
+    return ClusterView.from_instances(
+        [i.view(profile, extra if i.index == home else frozenset()) for i in instances],
+        None if prefixes is None else PrefixView(prefixes, [i.index for i in instances]))

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..routing.cost import CostModel, MethodConfig, RequestShape
 from ..routing.profiles import SpeedProfile
-from ..routing.registry import POLICIES
+from ..routing.registry import ITEM_POLICIES
 from ..routing.views import ArrayLocality
 from ..routing.vidur_fit import builtin_profile
 from .engine import SimConfig, simulate
@@ -122,7 +122,7 @@ def scaling_experiment(workload: Workload, sc: Scenario,
 
 def policy_experiment(workload: Workload, sc: Scenario, k: int = 10,
                       loads: Sequence[float] = (0.3, 0.5, 0.7, 0.9, 1.1, 1.3),
-                      policies: Sequence[str] = POLICIES
+                      policies: Sequence[str] = ITEM_POLICIES
                       ) -> tuple[list[dict], Series]:
     """Fig 12: mean rcllm TTFT per routing policy over a request-rate sweep at k instances."""
     rows, series = [], {p: ([], []) for p in policies}
