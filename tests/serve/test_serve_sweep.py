@@ -74,9 +74,10 @@ def test_rates_series_and_cell_numbers():
 
 
 def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
-    """Tiny: 6 requests per cell, one absolute and one capacity-relative rate, 3 series.
+    """Tiny: 6 requests per cell, one absolute and one capacity-relative rate, 4 series.
     Asserts behaviour only (the machine may be busy): every request accounted for, no 5xx,
-    none lost, the outputs written, full reuses no chunk and rcllm does."""
+    none lost, the outputs written, full reuses no chunk and rcllm does, prefix is routed
+    prefix-aware and its hit ratio counted beyond the instruction."""
     from rcllm.commands.bench_serve import register_bench
 
     top = argparse.ArgumentParser()
@@ -84,7 +85,7 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     out = tmp_path / "sweep"
     args = top.parse_args([
         "serve", "--sweep", "--requests", "6", "--candidates", "6", "--rates", "6,0.5x",
-        "--methods", "full,rcllm:0.3:0.3", "--policies", "affinity,round-robin",
+        "--methods", "full,prefix,rcllm:0.3:0.3", "--policies", "affinity,round-robin",
         "--queue-size", "8", "--slo-ms", "60000", "--out", str(out),
         "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1"])
     assert args.func(args) == 0
@@ -92,10 +93,11 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert report["capacity_rps"] > 0 and report["trace"]["requests"] == 6
     assert report["behind_nice"] == 10           # the default the simulator weighs builders by
     cells = report["cells"]
-    assert [(c["method"], c["policy"]) for c in cells[:3]] == [
-        ("full", "load-only"), ("rcllm-0.3/0.3", "affinity"), ("rcllm-0.3/0.3", "round-robin")]
-    assert len(cells) == 6
-    assert cells[0]["rate_rps"] == 6 and cells[3]["rate_rps"] == pytest.approx(
+    assert [(c["method"], c["policy"]) for c in cells[:4]] == [
+        ("full", "load-only"), ("prefix", "prefix-aware"), ("rcllm-0.3/0.3", "affinity"),
+        ("rcllm-0.3/0.3", "round-robin")]
+    assert len(cells) == 8
+    assert cells[0]["rate_rps"] == 6 and cells[4]["rate_rps"] == pytest.approx(
         0.5 * report["capacity_rps"])
     for c in cells:
         assert c["sent"] == 6 and c["ok"] + c["rejected_429"] == 6, c
@@ -107,15 +109,21 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         # the machine's speed before the cell: one reference pass per instance
         assert len(c["reference_ms"]) == 2 and min(c["reference_ms"]) > 0
         assert 0 < c["engine_cpu_p50_ms"] <= c["engine_ttft_p99_ms"]
-    assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] == "full")
-    assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"] != "full")
+    assert all(c["chunk_hit_ratio"] == 0 for c in cells if c["method"] in ("full", "prefix"))
+    assert all(c["chunk_hit_ratio"] > 0 for c in cells if c["method"].startswith("rcllm"))
+    # the prefix cache's hits beyond the instruction (which every instance holds from start):
+    # full looks nothing up; every cell says its ratio
+    assert report["prefix_instruction_tokens"] > 0
+    assert all(0 <= c["prefix_hit_ratio"] <= 1 for c in cells)
+    assert all(c["prefix_hit_ratio"] == 0 for c in cells if c["method"] == "full")
+    assert report["trace"]["history_extends"] <= report["trace"]["repeat_requests"]
     # where the KV came from (issue 51): hits, misses computed on the spot and what they cost
     for c in cells:
         assert c["chunk_hits"] + c["chunk_misses"] == sum(r["lookups"] for r in c["requests"]
                                                           if r["status"] == 200)
         assert c["kv_imported_items"] == 0           # beside the Redis tier nothing is imported
         assert len(c["held_items"]) == 2
-        if c["method"] == "full":
+        if c["method"] in ("full", "prefix"):
             assert c["miss_cost_p50_ms"] is None and c["item_miss_tokens"] == 0
         else:
             assert c["miss_cost_p50_ms"] >= 0 and 0 <= c["item_miss_tokens"] <= c["item_tokens"]
@@ -140,7 +148,7 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
         assert split["cpu"] + split["run_wait"] + split["blocked"] == pytest.approx(1.0)
     table = (out / "sweep.md").read_text()
     assert table.count("\n| ") >= 7 and "rcllm-0.3/0.3 @ round-robin" in table
-    assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 6
+    assert len(json.loads((out / "sweep.partial.json").read_text())["cells"]) == 8
     for png in ("ttft_vs_rate_methods.png", "ttft_vs_rate_policies.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert report["targets"]["slo_ms"] == 60000 and "targets at SLO 60000 ms" in table
