@@ -102,7 +102,8 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     value, rel, rate, arrivals = at
     backend.use_policy(s.policy)
     if backend.residency is not None:
-        backend.residency = UserResidency(backend.residency.ttl_s)
+        backend.residency = UserResidency(backend.residency.ttl_s,
+                                          history_window=backend.residency.history_window)
     bodies = [s.body(b) for b in redated(trace.bodies, day)]
     # the machine's speed now (`model.reference`): the simulator puts the cell and its fit run
     # on one scale with it (the VM's speed drifts within a sweep)
