@@ -5,6 +5,7 @@
   rcllm sim validate --bench-json PATH [--fit-json OTHER] [--json OUT]
   rcllm sim sweep --sweep-json SWEEP --fit-json BENCH_TTFT [--routing replay|policy] [--out DIR]
   rcllm sim profiles [--vidur-dir DIR]
+  rcllm sim map [--out DIR] [--quick] [--set KEY=VALUE ...]   (where cache-aware routing pays)
   rcllm sim bench [--requests N] [--instances K]        (also: rcllm bench sim)
 Reports follow rcllm.report's contract; schemas are in docs/simulator.md.
 """
@@ -208,6 +209,28 @@ def _profiles(args) -> int:
     return 0
 
 
+def _map(args) -> int:
+    from ..config import load
+    from ..sim import map as grid, map_report
+    quick = [f"{k}={v}" for k, v in grid.QUICK.items()] if args.quick else []
+    spec = load(grid.MapSpec, None, quick + list(args.set))     # validated before any work
+    result = grid.run_map(spec)
+    for path in map_report.write(result, dataclasses.asdict(spec), args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _map_parser(sub) -> None:
+    from ..config import describe
+    from ..sim.map import MapSpec
+    mp = sub.add_parser("map", help="where cache-aware routing pays: JSON + markdown + PNG")
+    mp.add_argument("--out", default="sim-map")
+    mp.add_argument("--quick", action="store_true", help="a small grid, seconds (--set wins)")
+    mp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="grid options:" + "".join(describe(MapSpec)))
+    mp.set_defaults(func=_map)
+
+
 ROUTING_INSTANCES, ROUTING_REPEATS = 100, 2000
 SIM_TARGET_S, ROUTING_TARGET_US = 30.0, 100.0
 
@@ -256,6 +279,7 @@ def register(top, bench) -> None:
     _run_parser(sub)
     _validate_parser(sub)
     _sweep_parser(sub)
+    _map_parser(sub)
     prof = sub.add_parser("profiles", help="GPU speed profiles fitted from vidur timings")
     from ..routing.vidur_fit import DEFAULT_DIR
     prof.add_argument("--vidur-dir", default=os.path.normpath(DEFAULT_DIR))
