@@ -161,10 +161,10 @@ def test_bench_serve_sweep_end_to_end(tiny_model_dir, tmp_path):
     assert all(c["goodput_rps"] == 0 for c in reread["cells"])
 
 
-def test_the_policy_series_is_named_as_the_plots_read_it():
-    from rcllm.sim.plots import POLICY_SERIES
+def test_the_policy_series_is_named_as_old_cells_are_read():
+    from rcllm.routing.registry import LEGACY_POLICY_SERIES
 
-    assert sweep.parse_method(sweep.POLICY_METHOD)[0] == POLICY_SERIES
+    assert sweep.parse_method(sweep.POLICY_METHOD)[0] == LEGACY_POLICY_SERIES
 
 
 def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(

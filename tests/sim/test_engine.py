@@ -92,3 +92,14 @@ def test_policies_pile_balance_and_sit_between(workload):
     mean = {p: _run(workload, 8, m, 30.0, policy=p).summary()["mean_ttft_ms"]
             for m, p in (("prefix", "load-only"), ("rcllm", "affinity"))}
     assert mean["affinity"] < mean["load-only"]
+
+
+def test_auto_routes_each_method_by_its_own_policy_prefix_by_load():
+    """"auto" reads the registry's method policy; prefix's (prefix-aware) needs a prefix
+    picture the simulator's views do not carry, so it goes by load, as it always has."""
+    from rcllm.routing.registry import ITEM_POLICIES, method_policy
+
+    auto = {m: SimConfig(MethodConfig(m)).policy_name() for m in ("full", "prefix", "rcllm")}
+    assert auto == {"full": "load-only", "prefix": "load-only", "rcllm": "affinity"}
+    assert method_policy("prefix") not in ITEM_POLICIES
+    assert SimConfig(MethodConfig("rcllm"), policy="hit-only").policy_name() == "hit-only"

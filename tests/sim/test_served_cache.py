@@ -134,6 +134,18 @@ def test_measured_service_cannot_go_with_simulated_caches():
                              service="measured")
 
 
+def test_a_cell_routed_by_a_picture_the_replay_lacks_is_refused_before_simulating():
+    """prefix-aware reads the prompt prefixes, which the simulated stores do not keep: the
+    whole sweep is refused, naming the policy and the routings that can predict it."""
+    cells = [_cell("affinity", [_row(["a"])]), _cell("prefix-aware", [_row(["b"])])]
+    sweep = _sweep([["a"], ["b"]], {"a": 10, "b": 10}, cells)
+    with pytest.raises(RcllmError, match="prefix-aware.*--routing replay or policy"):
+        _predict(sweep)
+    # the same sweep without that cell is simulated
+    rows, _ = _predict({**sweep, "cells": cells[:1]})
+    assert rows[0]["routing"] == "caches"
+
+
 def test_the_cli_replays_the_caches_and_asks_what_another_budget_would_find(tmp_path):
     import argparse
     import json

@@ -25,8 +25,6 @@ DEFAULT_METHODS = "full,prefix,prefix@load-only,rcllm:0.3:0.3,rcllm:0.15:0.15"
 DEFAULT_POLICIES = ",".join(sorted(ITEM_POLICIES))
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run by default
-# the policy series' name in sweeps recorded before cells carried their roles
-LEGACY_POLICY_SERIES = "rcllm-0.3/0.3"
 
 
 @dataclass(frozen=True)
@@ -101,17 +99,6 @@ def series_of(methods: str, policies: str, adapter: bool,
     if not out:
         raise RcllmError("the sweep needs at least one method or policy")
     return out
-
-
-def in_role(cell: dict, role: str) -> bool:
-    """Whether a sweep cell belongs to a method series (`role` "method") or to the policy
-    series ("policy"). A cell recorded before cells carried their roles: the policy series is
-    rcllm 0.3/0.3, its affinity cell the method series' own."""
-    if "roles" in cell:
-        return role in cell["roles"]
-    policy = cell["method"] == LEGACY_POLICY_SERIES
-    return policy if role == "policy" else (not policy or cell["policy"] == method_policy(
-        "rcllm"))
 
 
 def parse_rates(spec: str) -> list[tuple[float, bool]]:

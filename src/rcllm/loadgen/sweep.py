@@ -49,7 +49,8 @@ from ..sim.plots import draw_sweep
 from .cells import TABLE, cell_metrics
 from .client import run_load
 from .phases import redated, wait_until_stored
-from .series import POLICY_METHOD, Series, in_role, parse_method, parse_rates, series_of
+from ..routing.registry import in_role
+from .series import POLICY_METHOD, Series, parse_method, parse_rates, series_of
 from .targets import format_targets, sweep_targets
 from .trace import review_trace
 

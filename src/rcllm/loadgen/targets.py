@@ -22,8 +22,8 @@ import os
 
 from ..errors import RcllmError, read_json_file
 from ..routing.policies import Affinity, CostBased, HitOnly, LoadOnly
+from ..routing.registry import in_role
 from .cells import cell_metrics
-from .series import in_role
 
 BASELINE = "prefix"
 P99_TARGET = 1.5

@@ -165,12 +165,3 @@ class PrefixAware:
             return self._load.choose(request, cluster)
         return pick
 
-
-def __getattr__(name: str):
-    """The registry (`registry.py`) names and builds these classes; an importer that still
-    reads `routing_policy` or `POLICIES` here gets the registry's."""
-    if name in ("routing_policy", "POLICIES"):
-        from . import registry
-
-        return getattr(registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,10 @@ from configuration in the same way).
 alone), "load" (the instances' outstanding work), "items" (the item KV each holds, and load),
 "prefixes" (the prefix caches' picture, `prefixes.PrefixIndex`, and load). The simulator's
 cluster views carry load and items, not yet a prefix picture: `ITEM_POLICIES` run there.
+
+It also says which series of a served sweep a cell belongs to (`in_role`): the sweep
+(`loadgen`) and the simulator's plots (`sim.plots`) read one rule, and the simulator may not
+import the load generator.
 """
 
 from __future__ import annotations
@@ -55,20 +59,33 @@ _SPECS = (
 REGISTRY: dict[str, PolicySpec] = {s.name: s for s in _SPECS}
 
 POLICIES = tuple(REGISTRY)
-# those that need no prefix picture: they run on any cluster view (the simulator's) and form
-# the served sweep's policy series (its method reads item KV, not the prefix cache)
-ITEM_POLICIES = tuple(n for n, s in REGISTRY.items() if s.reads != "prefixes")
+# those that read no more than item KV and load: they run on any cluster view (the
+# simulator's) and form the served sweep's policy series (its method reads item KV)
+ITEM_POLICIES = tuple(n for n, s in REGISTRY.items() if s.reads in ("order", "load", "items"))
 # blind to what the instances hold: the served replay can simulate them without the caches
 CACHE_BLIND = tuple(n for n, s in REGISTRY.items() if s.reads in ("order", "load"))
 # the policy a method series of the served sweep is routed by (the rest: DEFAULT_POLICY): full
 # reads no cache, so load decides; prefix is routed as it is deployed, prefix-aware
 METHOD_POLICIES = {"full": LoadOnly.name, "prefix": PrefixAware.name}
 DEFAULT_POLICY = Affinity.name
+# the policy series' name in served sweeps recorded before cells carried their roles
+LEGACY_POLICY_SERIES = "rcllm-0.3/0.3"
 
 
 def method_policy(method: str) -> str:
     """The policy the served sweep routes method `method`'s own series by."""
     return METHOD_POLICIES.get(method, DEFAULT_POLICY)
+
+
+def in_role(cell: dict, role: str) -> bool:
+    """Whether a served sweep's cell belongs to a method series (`role` "method") or to the
+    policy series ("policy"), as its `roles` say. A cell recorded before cells carried their
+    roles: the policy series is rcllm 0.3/0.3, its affinity cell the method series' own."""
+    if "roles" in cell:
+        return role in cell["roles"]
+    policy = cell["method"] == LEGACY_POLICY_SERIES
+    return policy if role == "policy" else (not policy or cell["policy"] == method_policy(
+        "rcllm"))
 
 
 def check_policy(name: str) -> str:

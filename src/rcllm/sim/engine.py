@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..routing.cost import CostModel, MethodConfig, RequestShape
-from ..routing.policies import routing_policy
+from ..routing.policies import LoadOnly
+from ..routing.registry import ITEM_POLICIES, method_policy, routing_policy
 from ..routing.profiles import SpeedProfile
 from ..routing.views import ArrayLocality, ClusterView, RoutingRequest
 from .result import SimResult
@@ -29,7 +30,8 @@ ARRIVAL, DONE = 0, 1
 
 @dataclass(frozen=True)
 class SimConfig:
-    """One simulation run. policy "auto": affinity for rcllm, load-only for full/prefix."""
+    """One simulation run. policy "auto": the method's own (`registry.method_policy`), by load
+    where that one reads what the simulator's views lack (prefix: prefix-aware)."""
 
     method: MethodConfig = MethodConfig()
     policy: str = "auto"
@@ -41,7 +43,9 @@ class SimConfig:
     def policy_name(self) -> str:
         if self.policy != "auto":
             return self.policy
-        return "affinity" if self.method.method == "rcllm" else "load-only"
+        own = method_policy(self.method.method)
+        # the views carry item KV and load, no prefix picture (yet): prefix goes by load
+        return own if own in ITEM_POLICIES else LoadOnly.name
 
 
 def history_hits(rng: np.random.Generator, workload: Workload, hit_rate: float) -> np.ndarray:

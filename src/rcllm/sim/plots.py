@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..routing.registry import in_role
 from .experiments import Series
 
 TITLES = {
@@ -38,17 +39,13 @@ def plot(experiment: str, series: Series, path: str, subtitle: str = "") -> None
 
 # ---- rate sweeps: served cells and the simulator's prediction of them --------------
 def method_cell(c: dict) -> bool:
-    """A cell of a method series (full/prefix load-only, the rest by affinity)."""
-    return c["policy"] == ("load-only" if c["method"] in ("full", "prefix") else "affinity")
-
-
-# the name of the method the sweep's policy series runs (loadgen.series.POLICY_METHOD)
-POLICY_SERIES = "rcllm-0.3/0.3"
+    """A cell of a method series (`routing.registry.in_role`: the sweep's own rule)."""
+    return in_role(c, "method")
 
 
 def policy_cell(c: dict) -> bool:
-    """A cell of the policy series (rcllm 0.3/0.3 under each policy)."""
-    return c["method"] == POLICY_SERIES
+    """A cell of the policy series (`routing.registry.in_role`)."""
+    return in_role(c, "policy")
 
 
 def draw_sweep(ax, cells: list[dict], keep, label, title: str,

@@ -13,8 +13,9 @@ profile's prefill time of its (computed, context) tokens plus `overhead_ms` (HTT
 default 0); TTFT = arrival to the end of service. Routing:
 - `replay` (default): each request goes where the served router sent it. The policies'
   decisions are then not a source of error, and what is left is the cost model and queueing.
-- `policy`: load-only = the instance with the least predicted outstanding work, round-robin =
-  arrival order mod K; affinity and hit-only need the served caches' contents, which the sweep
+- `policy`: the cache-blind policies (`routing.registry.CACHE_BLIND`) simulated — load-only =
+  the instance with the least predicted outstanding work, round-robin = arrival order mod K;
+  the rest need the served caches' contents, which the sweep
   does not record, so they are replayed (the report says which cells were).
 
 Work behind the answers: each request's `behind_tokens` (the chunk builds and the exact user
@@ -43,6 +44,7 @@ import numpy as np
 from ..errors import RcllmError
 from ..routing.fit import fit_cpu_profile, predict_ms, relative_nnls
 from ..routing.profiles import SpeedProfile
+from ..routing.registry import CACHE_BLIND
 from .served_cluster import ServedCluster, core_shares  # noqa: F401 (core_shares: read as served's)
 from .slowdown import slowdown_of
 
@@ -177,7 +179,7 @@ def simulate_engine(arrivals_s: list[float], requests: list[dict], profile: Spee
     is the engine TTFT the sweep measured for it (+ `overhead_ms`) instead of the profile's
     price — the queueing model with a perfect cost model (pass `scale` 1, F 1 and no `cores`:
     the measured times already hold the machine's speed and the contention)."""
-    own = routing == "policy" and policy in ("load-only", "round-robin")
+    own = routing == "policy" and policy in CACHE_BLIND
     jobs = _jobs(arrivals_s, requests, profile, instances, overhead_ms, busy_slowdown, cores,
                  behind_cost, scale, measured)
     sim = ServedCluster(jobs, instances, cores, builder_weight, slowdown_of(busy_slowdown, "*"))
@@ -327,6 +329,8 @@ def _cell_row(c: dict[str, Any], ttft: np.ndarray, svc: np.ndarray, own: bool,
     below = capacity is None or c["rate_rps"] < capacity
     return {"rate_rps": c["rate_rps"], "series": c["series"], "method": c["method"],
             "policy": c["policy"], "below_capacity": below,
+            # which series the cell belongs to (`registry.in_role`), as the sweep recorded it
+            **({"roles": c["roles"]} if "roles" in c else {}),
             "routing": "caches" if hits is not None else "simulated" if own else "replayed",
             "measured_p50_ms": c["ttft_p50_ms"], "predicted_p50_ms": p50,
             "p50_rel_err": _rel(p50, c["ttft_p50_ms"]),

@@ -48,7 +48,9 @@ import numpy as np
 
 from ..routing import ClusterView, CostModel, MethodConfig, SetLocality, routing_policy
 from ..routing.balance import import_saving_ms
+from ..errors import RcllmError
 from ..routing.profiles import SpeedProfile, load_profile
+from ..routing.registry import ITEM_POLICIES
 from ..routing.requests import routing_request
 from .served_cluster import ServedCluster
 from .served_stores import ClusterCaches, Look
@@ -238,12 +240,26 @@ def measured_hits(cell: Mapping[str, Any]) -> dict[str, float | None]:
             "kv_imported_items": cell.get("kv_imported_items")}
 
 
+def check_simulable(sweep: Mapping[str, Any]) -> None:
+    """RcllmError, before anything is simulated, when a cell's policy reads more than item KV
+    and load (`registry.ITEM_POLICIES`): the replay's stores keep no picture of the prompt
+    prefixes (prefix-aware) or the user sides, so it cannot route as that policy did."""
+    bad = sorted({str(c.get("policy")) for c in sweep["cells"]
+                  if c.get("policy") not in ITEM_POLICIES})
+    if bad:
+        raise RcllmError(f"--routing caches simulates the policies that read item KV and load "
+                         f"({', '.join(ITEM_POLICIES)}); this sweep has cells routed by "
+                         f"{', '.join(bad)}, whose picture the replay does not keep: predict it "
+                         "with --routing replay or policy")
+
+
 class CacheReplay:
     """The sweep's cells in order on one set of simulated stores (`--routing caches`): built
     from the placement and the warm-up once, then carried from cell to cell as served."""
 
     def __init__(self, sweep: Mapping[str, Any], profile: SpeedProfile,
                  price: Callable[[str, float, float], float], build: Callable[[int], float]):
+        check_simulable(sweep)
         self.sweep = sweep
         self.router, self.router_source = router_profile(sweep, profile)
         self.caches = ClusterCaches(sweep, self.router.model.kv_bytes_per_token)

@@ -12,6 +12,8 @@ from collections import deque
 
 import numpy as np
 
+from ..routing.registry import REGISTRY
+
 
 def core_shares(weights: list[float], cores: float) -> list[float]:
     """Each runnable thread's speed (fraction of one core) when threads of these CPU weights
@@ -114,10 +116,11 @@ class ServedCluster:
                 self.start_behind(d)
 
     def destination(self, own: bool, policy: str) -> int:
-        """Where the arriving job goes: replayed, or the policy's own choice."""
+        """Where the arriving job goes: replayed, or the choice of cache-blind `policy`
+        (`registry.CACHE_BLIND`): by arrival order, or by load."""
         if not own:
             return self.jobs[self.nxt][2]
-        if policy == "round-robin":
+        if REGISTRY[policy].reads == "order":
             return self.nxt % self.k
         # least outstanding work: what is left in service plus the queue
         return int(np.argmin([self.left[d] * (self.serving[d] is not None)
