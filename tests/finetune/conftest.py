@@ -40,6 +40,20 @@ def tiny_ft_config(tiny_model_dir, tmp_path):
 
 
 @pytest.fixture
+def tiny_pointwise(tiny_ft_config, fav_dataset):
+    """(model, the engine's PointwisePrompt) of the tiny model over fav_dataset's items."""
+    from rcllm.model.loading import load_model
+    from rcllm.prompt.builder import PromptBuilder
+    from rcllm.prompt.pointwise import PointwisePrompt
+
+    cfg = tiny_ft_config()
+    loaded = load_model(cfg.model)
+    builder = PromptBuilder(loaded.tokenizer, fav_dataset.items, cfg.prompt,
+                            loaded.model.arch.max_positions, "verbalizer")
+    return loaded.model, PointwisePrompt(builder, loaded.model.arch.max_positions)
+
+
+@pytest.fixture
 def scores_and_grads():
     """(scores per path, LoRA gradients) of one training draw, the trainer's adapter installed
     (the gradients of its loss, then the scores of both paths without a graph)."""

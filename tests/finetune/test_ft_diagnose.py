@@ -8,21 +8,14 @@ import torch
 
 from rcllm.eval.protocol import build_cases
 from rcllm.finetune.diagnose import Diagnoser, case_part, diagnose, table
-from rcllm.model.loading import load_model
 from rcllm.prefill.selective import Frozen, prefill
-from rcllm.prompt.builder import PromptBuilder, RankRequest
-from rcllm.prompt.pointwise import PointwisePrompt
+from rcllm.prompt.builder import RankRequest
 
 
 @pytest.fixture
-def setup(tiny_ft_config, fav_dataset):
-    cfg = tiny_ft_config()
-    loaded = load_model(cfg.model)
-    builder = PromptBuilder(loaded.tokenizer, fav_dataset.items, cfg.prompt,
-                            loaded.model.arch.max_positions, "verbalizer")
-    pw = PointwisePrompt(builder, loaded.model.arch.max_positions)
+def setup(tiny_pointwise, fav_dataset):
     cases = build_cases(fav_dataset, history_window=2, num_negatives=3)[:4]
-    return loaded.model, pw, cases, fav_dataset
+    return *tiny_pointwise, cases, fav_dataset
 
 
 @pytest.mark.parametrize("s", [1, 2])

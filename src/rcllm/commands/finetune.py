@@ -79,6 +79,10 @@ def register(top, bench) -> None:
                         "candidates) for --overfit-steps steps on the configured path(s) and "
                         "print the loss per step (near zero = the model can learn this path)")
     p.add_argument("--overfit-steps", type=int, default=60, metavar="S")
+    p.add_argument("--rechoose", action="store_true",
+                   help="choose the finished adapter's fast path again (no training; weights "
+                        "unchanged) and print the choice's time; with --set "
+                        "train.choice=exhaustive, the former way")
     p.add_argument("--fresh", action="store_true",
                    help="discard a checkpoint or finished adapter in the folder and start over (only the "
                         "files finetune writes; a folder that is not an adapter folder is refused)")
@@ -172,6 +176,9 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
         discard_run(folder)
     if finished(folder):
         print(f"already trained: {folder}")
+    elif args.rechoose:
+        raise RcllmError(f"--rechoose: {folder} holds no finished adapter (give its --out, or "
+                         "the options it was trained with)")
     else:
         print(f"data: {ds.name}, {len(train_users)} training users, {len(val_users)} validation "
               f"users; adapter folder {folder}")
@@ -186,7 +193,7 @@ def _train(args, overrides: list[str], out: str | None, ds) -> Path:
         trainer.run(progress=True)
         print(f"trained in {time.perf_counter() - start:.0f} s by this run "
               "(a resumed run continues its checkpoint)")
-    choose_for_adapter(cfg, folder, ds, val_users)
+    choose_for_adapter(cfg, folder, ds, again=args.rechoose)
     _summary(folder)
     return folder
 

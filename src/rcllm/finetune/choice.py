@@ -18,6 +18,7 @@ so in the manifest, names no fast path, and the choice is skipped.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import numpy as np
@@ -72,71 +73,141 @@ def tried(fast: dict, layers: int) -> tuple[tuple[int, ...], list[float]]:
     return depths, ratios
 
 
-def choose_fast_path(scorer, cases, tolerance: float = 0.02,
-                     progress: bool = False, floor: float = -0.05, top5: float = 0.8) -> dict:
+class Tally:
+    """Per path, NDCG@10 and top-5 agreement with full on each request scored (by request
+    index), and the paths dropped: those that can no longer keep the ranking whatever the
+    requests not yet scored hold (`drop_hopeless`)."""
+
+    def __init__(self, names: list[str], cases):
+        self.names, self.cases = names, cases
+        self.nd: dict[str, dict[int, float]] = {p: {} for p in names}
+        self.agree: dict[str, dict[int, float]] = {p: {} for p in names}
+        self.full: dict[int, np.ndarray] = {}        # full's scores per request
+        self.dropped: dict[str, dict] = {}
+
+    def active(self) -> list[str]:
+        return [p for p in self.names if p not in self.dropped]
+
+    def add(self, i: int, got: dict[str, np.ndarray]) -> None:
+        case = self.cases[i]
+        t = list(case.candidates).index(case.target)
+        full = self.full.setdefault(i, got["full"])
+        for p, sc in got.items():
+            self.nd[p][i] = M.ndcg(sc, t, 10)
+            self.agree[p][i] = M.topk_overlap(full, sc, 5)
+
+    def drop_hopeless(self, tolerance: float, top5: float) -> None:
+        """Drops each path that fails the band on every completion of the requests left: each
+        such request adds at most 1 to a path's top-5 agreement and to its NDCG@10 over
+        full's, so a path whose sums stay below the band with that added cannot reach it.
+        Exact: only a path the exhaustive choice would find outside the band is dropped."""
+        n = len(self.cases)
+        for p in self.active()[1:]:       # never full
+            left = n - len(self.nd[p])
+            gain = sum(v - self.nd["full"][i] for i, v in self.nd[p].items())
+            if sum(self.agree[p].values()) + left < top5 * n - 1e-9:
+                why = f"top-5 agreement cannot reach {top5}"
+            elif gain + left < -tolerance * n - 1e-9:
+                why = f"NDCG@10 cannot come within {tolerance} of full's"
+            else:
+                continue
+            self.dropped[p] = {"requests": len(self.nd[p]), "why": why}
+
+    def stats(self) -> tuple[dict, dict, dict]:
+        """(mean NDCG@10, lower end of the paired interval vs full, top-5 agreement) per path,
+        over the requests each was scored on."""
+        mean, low, top = {}, {}, {}
+        for p in self.names:
+            idx = sorted(self.nd[p])
+            mean[p] = float(np.mean([self.nd[p][i] for i in idx]))
+            low[p] = M.cluster_bootstrap_ci(
+                np.array([self.nd[p][i] - self.nd["full"][i] for i in idx]),
+                [self.cases[i].user_id for i in idx]).low
+            top[p] = float(np.mean([self.agree[p][i] for i in idx]))
+        return mean, low, top
+
+
+def choose_fast_path(scorer, cases, tolerance: float = 0.02, progress: bool = False,
+                     floor: float = -0.05, top5: float = 0.8, drop: bool = False) -> dict:
     """The fastest fast path that keeps the full path's ranking over `cases` (validation
     users' requests), by the rule of the module docstring. Tried: naive with the scorer's item
-    tail, late@s for `scorer.depths` and overlap@r for `scorer.ratios` (a `diagnose.Diagnoser`),
-    every path on every case. The manifest's `fast_path`."""
+    tail, late@s for `scorer.depths` and overlap@r for `scorer.ratios` (a `diagnose.Diagnoser`
+    or `choicepaths.SharedPaths`). `drop`: a path that can no longer keep the ranking is not
+    scored on the requests left (`Tally.drop_hopeless`); when no path keeps it, the dropped
+    ones are scored on those requests after all, for the closest. Either way the path named is
+    the one scoring every path on every request names. The manifest's `fast_path`."""
     from tqdm import tqdm
 
     names = (["full", "fast"] + [f"late@{s}" for s in scorer.depths]
              + [f"overlap@{r:g}" for r in scorer.ratios])
-    nd = {p: [] for p in names}
-    agree = {p: [] for p in names}
-    for case in tqdm(cases, desc="fast paths", unit="request", disable=not progress):
-        got = scorer.score_case(case, None, only=names)
-        t = list(case.candidates).index(case.target)
-        for p, sc in got.items():
-            nd[p].append(M.ndcg(sc, t, 10))
-            agree[p].append(M.topk_overlap(got["full"], sc, 5))
-    users = [c.user_id for c in cases]
-    mean = {p: float(np.mean(v)) for p, v in nd.items()}
-    low = {p: M.cluster_bootstrap_ci(np.array(nd[p]) - np.array(nd["full"]), users).low
-           for p in names}
-    top = {p: float(np.mean(v)) for p, v in agree.items()}
+    tally = Tally(names, cases)
+    for i in tqdm(range(len(cases)), desc="fast paths", unit="request", disable=not progress):
+        tally.add(i, scorer.score_case(cases[i], None, only=tally.active()))
+        if drop:
+            tally.drop_hopeless(tolerance, top5)
     L = scorer.model.arch.num_layers
     order = sorted(names[1:], key=lambda p: computed_share(p, L))
-    within = [p for p in order if mean[p] >= mean["full"] - tolerance
+    mean, low, top = tally.stats()
+    within = [p for p in order if p not in tally.dropped and mean[p] >= mean["full"] - tolerance
               and low[p] >= floor and top[p] >= top5]
+    if not within and tally.dropped:    # the closest is read over every request
+        _complete(scorer, tally, progress)
+        mean, low, top = tally.stats()
     pick = within[0] if within else max(order, key=lambda p: mean[p])
 
     def named(table):
-        return {("naive" if p == "fast" else p): round(v, 4) for p, v in table.items()}
+        return {("naive" if p == "fast" else p): (round(v, 4) if isinstance(v, float) else v)
+                for p, v in table.items()}
 
+    users = {c.user_id for c in cases}
     return {**path_setting(pick, getattr(scorer, "fill", "order")), "item_tail": scorer.tail,
             "user_side": "exact", "within": bool(within),
-            "validation": {"users": len(set(users)), "requests": len(cases),
+            "validation": {"users": len(users), "requests": len(cases),
                            "tolerance": tolerance, "floor": floor, "top5_floor": top5,
-                           "ndcg10": named(mean), "delta_low": named(low), "top5": named(top)}}
+                           "ndcg10": named(mean), "delta_low": named(low), "top5": named(top),
+                           **({"dropped": named(tally.dropped)} if tally.dropped else {})}}
+
+
+def _complete(scorer, tally: Tally, progress: bool) -> None:
+    """Scores the dropped paths on the requests they were dropped before (none is dropped
+    after)."""
+    from tqdm import tqdm
+
+    for i in tqdm(range(len(tally.cases)), desc="dropped paths", unit="request",
+                  disable=not progress):
+        missing = [p for p in tally.dropped if i not in tally.nd[p]]
+        if missing:
+            got = scorer.score_case(tally.cases[i], None, only=["full", *missing])
+            tally.add(i, {p: got[p] for p in missing} | {"full": tally.full[i]})
+    tally.dropped = {}
 
 
 def _due(manifest: dict, t) -> bool:
     """True when the adapter's fast path is to be chosen: a pointwise adapter with a fast path
     whose choice is missing or was made on another `train.choice_targets`."""
     fast = manifest.get("fast_path")
-    return bool(fast) and t.objective == "pointwise" and (
+    return bool(fast) and manifest["train"].get("objective") == "pointwise" and (
         fast.get("validation", {}).get("targets_per_user") != t.choice_targets)
 
 
-def choose_for_adapter(cfg, folder: Path, ds, val_users) -> None:
+def choose_for_adapter(cfg, folder: Path, ds, again: bool = False) -> None:
     """Names in the manifest the fastest fast path that keeps the full path's ranking on the
     validation users' last `train.choice_targets` requests each (`choose_fast_path`), once: a
     finished adapter without it, or chosen with another count, gets it when the same command
-    runs again. Prints what it chose."""
-    from ..eval.protocol import earlier_cases
+    runs again (`again`: in any case). The validation users, their candidates and the prompt
+    are the adapter's (its manifest); `train.choice` says how the paths are scored. Prints
+    what it chose and how long it took."""
     from .adapter import read_manifest, record_fast_path
-    from .validate import EVAL_HISTORY_WINDOW, validation_cases
 
     if not _learnt(folder):
         return
     manifest = read_manifest(folder)
     t = cfg.train
-    if not _due(manifest, t):
+    if not (_due(manifest, t) or again and manifest.get("fast_path")
+            and manifest["train"].get("objective") == "pointwise"):
         return
     fast = manifest["fast_path"]
-    cases = earlier_cases(ds, validation_cases(ds, val_users, t.val_candidates, t.val_users),
-                          t.choice_targets - 1, EVAL_HISTORY_WINDOW)
+    cases = _cases(manifest, ds, t.choice_targets)
     if not cases:
         return
     if "validation" in fast:   # chosen by an earlier rule: chosen again, the path trained kept
@@ -144,10 +215,31 @@ def choose_for_adapter(cfg, folder: Path, ds, val_users) -> None:
         fast = manifest.get("trained_fast_path") or fast
         print(f"choosing the fast path again on {t.choice_targets} requests per validation "
               f"user (it was chosen on {was} requests)")
-    chosen = choose_fast_path(_diagnoser(cfg, folder, ds, fast), cases, progress=True)
-    chosen["validation"]["targets_per_user"] = t.choice_targets
+    scorer = _scorer(cfg, folder, ds, fast, manifest)
+    start = time.perf_counter()
+    chosen = choose_fast_path(scorer, cases, progress=True, drop=t.choice == "sequential")
+    chosen["validation"].update(targets_per_user=t.choice_targets, choice=t.choice,
+                                seconds=round(time.perf_counter() - start, 1))
     record_fast_path(folder, chosen)
     print(_said(chosen, len(cases)))
+
+
+def _cases(manifest: dict, ds, targets: int) -> list:
+    """The choice's requests: each validation user's (the adapter's split) last `targets`
+    requests, with the candidates the adapter was validated with."""
+    from ..errors import RcllmError
+    from ..eval.protocol import earlier_cases, split_users
+    from .data import dataset_digest
+    from .validate import EVAL_HISTORY_WINDOW, validation_cases
+
+    if manifest.get("data", {}).get("digest") not in (None, dataset_digest(ds)):
+        raise RcllmError(f"the adapter was trained on other data than {ds.name}: give the "
+                         "data it was trained on")
+    split, mt = manifest["split"], manifest["train"]
+    val_users = split_users(ds, tuple(split["fractions"]), int(split["seed"]))[1]
+    return earlier_cases(ds, validation_cases(ds, val_users, mt["val_candidates"],
+                                              mt["val_users"]),
+                         targets - 1, EVAL_HISTORY_WINDOW)
 
 
 def _learnt(folder: Path) -> bool:
@@ -170,28 +262,40 @@ def _learnt(folder: Path) -> bool:
     return check["learnt"] is not False
 
 
-def _diagnoser(cfg, folder: Path, ds, fast: dict):
-    """The adapter loaded (merged) and its diagnoser over the paths `tried` for `fast`."""
+def _scorer(cfg, folder: Path, ds, fast: dict, manifest: dict):
+    """The adapter loaded (merged) on the prompt it was trained with, and the scorer of the
+    paths `tried` for `fast`: every path in its own pass (`diagnose.Diagnoser`,
+    `train.choice=exhaustive`) or what they share once (`choicepaths.SharedPaths`, its
+    chunks' passes kept in `train.frozen_cache_gb`)."""
     from ..model.loading import load_model
     from ..prompt.builder import PromptBuilder
     from ..prompt.pointwise import PointwisePrompt
+    from .adapter import trained_prompt
+    from .choicepaths import SharedPaths
     from .diagnose import Diagnoser
 
     loaded = load_model(dataclasses.replace(cfg.model, adapter=str(folder)))
-    builder = PromptBuilder(loaded.tokenizer, ds.items, cfg.prompt,
+    builder = PromptBuilder(loaded.tokenizer, ds.items, trained_prompt(manifest),
                             loaded.model.arch.max_positions, "verbalizer")
     pw = PointwisePrompt(builder, loaded.model.arch.max_positions)
     depths, ratios = tried(fast, loaded.model.arch.num_layers)
-    return Diagnoser(loaded.model, pw, int(fast["item_tail"]), depths, ratios,
-                     fast.get("overlap_fill", "order"))
+    args = (loaded.model, pw, int(fast["item_tail"]), depths, ratios,
+            fast.get("overlap_fill", "order"))
+    if cfg.train.choice == "exhaustive":
+        return Diagnoser(*args)
+    return SharedPaths(*args, cache_bytes=int(cfg.train.frozen_cache_gb * 2**30))
 
 
 def _said(chosen: dict, requests: int) -> str:
     """The line that tells what the choice found and named."""
-    v, top5 = chosen["validation"]["ndcg10"], chosen["validation"]["top5"]
-    return (f"fast-path choice on {requests} requests of {chosen['validation']['users']} "
-            "validation users (NDCG@10, top-5 agreement): "
-            + ", ".join(f"{k} {x:.3f} {top5[k]:.2f}" for k, x in v.items())
+    val = chosen["validation"]
+    v, top5, dropped = val["ndcg10"], val["top5"], val.get("dropped", {})
+    return (f"fast-path choice ({val['choice']}, {val['seconds']:.0f} s) on {requests} "
+            f"requests of {val['users']} validation users (NDCG@10, top-5 agreement"
+            + ("; * dropped after the requests shown" if dropped else "") + "): "
+            + ", ".join(f"{k} {x:.3f} {top5[k]:.2f}"
+                        + (f"*{dropped[k]['requests']}" if k in dropped else "")
+                        for k, x in v.items())
             + f"; the adapter serves {path_name(chosen)}"
             + ("" if chosen["within"] else " (the closest: none keeps the full path's ranking: "
                                            "within 0.02, lower end >= -0.05, top-5 >= 0.8)"))

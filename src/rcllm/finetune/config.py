@@ -132,6 +132,11 @@ class TrainConfig:
                                  "choice scores: the user's last k targets (each with the "
                                  "history before it), so the choice resolves ~2x smaller "
                                  "differences than one request per user; changes no weights")
+    choice: str = opt("sequential", "how the end-of-run fast-path choice scores its paths: "
+                                    "sequential (what the paths share computed once, a path "
+                                    "dropped once it cannot keep the ranking; names what "
+                                    "exhaustive names) or exhaustive (every path in its own "
+                                    "pass on every request); changes no weights")
     val_every: int = opt(0, "steps between validations; 0 = four times per epoch")
     patience: int = opt(3, "stop after this many validations without a lower validation "
                            "cross-entropy (0 = never stop early)")
@@ -188,8 +193,9 @@ class TrainConfig:
             raise RcllmError(f"train.targets must be 'last' or 'all', not {self.targets!r}")
         if len(self.fractions) != 3:
             raise RcllmError("train.split needs three fractions: train,validation,test")
-        if self.choice_targets < 1:
-            raise RcllmError("train.choice_targets must be >= 1")
+        if self.choice_targets < 1 or self.choice not in ("sequential", "exhaustive"):
+            raise RcllmError(f"train.choice_targets must be >= 1 and train.choice sequential "
+                             f"or exhaustive (got {self.choice_targets}, {self.choice!r})")
         if min(self.val_users, self.val_every, self.patience) < 0:
             raise RcllmError("train.val_users, val_every and patience must be >= 0")
         if self.checkpoint_every < 1 or self.log_every < 1:
@@ -227,7 +233,7 @@ class FinetuneConfig:
         for name in ("threads", "cache_dir", "adapter"):
             tree["model"].pop(name)
         for name in ("checkpoint_every", "log_every", "frozen_cache_gb", "item_cache",
-                     "max_examples", "choice_targets"):
+                     "max_examples", "choice_targets", "choice"):
             tree["train"].pop(name)  # max_examples: run_key adds the count when the cap binds
         t = tree["train"]
         if self.train.path == "full":  # options of the other paths change nothing

@@ -155,13 +155,10 @@ class Diagnoser(PathScorer):
             return {}
         prompt = self.pw.prompt(RankRequest(case.user_id, case.history,
                                             tuple(case.candidates[:1])))
-        kind, offset = marks(prompt.segments)
-        tail_kind = KINDS.index(prompt.blocks[0][1].kind)
-        for ch in chunks:
-            kind += [KINDS.index("item")] * len(ch) + [tail_kind] * len(tail)
-            offset += list(range(len(ch))) + [0] * len(tail)
-        return {f"overlap@{r:g}": self._run(shared, chunks, tail, fast, policy=overlap_policy(r, self.fill),
-                                            slot_marks=(kind, offset)) for r in wanted}
+        return {f"overlap@{r:g}": self._run(shared, chunks, tail, fast,
+                                            policy=overlap_policy(r, self.fill),
+                                            slot_marks=block_marks(prompt, chunks, tail))
+                for r in wanted}
 
     def _shared(self, user_id, history, cands) -> list[int]:
         return list(self.pw.prompt(RankRequest(user_id, history, cands[:1])).token_ids)
@@ -197,15 +194,22 @@ class Diagnoser(PathScorer):
                      join, h)
 
     def _run(self, shared, chunks, tail, given, keep: list | None = None, policy=None,
-             slot_marks=None) -> np.ndarray:
+             slot_marks=None, user: list | None = None) -> np.ndarray:
         """Scores of the blocks (chunk + tail) after `shared`, each chunk's first tokens'
         KV as `given` says; `keep` receives each chunk's final KV per layer. `policy`: the
-        selection of given tokens computed anyway (it reads `slot_marks`, kind and offset)."""
+        selection of given tokens computed anyway (it reads `slot_marks`, kind and offset).
+        `user`: the user side's KV, ([K per layer], [V per layer]), given as exact (never
+        recomputed) when it holds them, else filled with the KV this pass computes."""
         ids, ranges = list(shared), []
         for ch in chunks:
             ranges.append((len(ids), len(ids) + len(ch) + len(tail)))
             ids += ch + tail
         inp = self._inputs(ids, ranges, slot_marks)
+        u = len(shared)
+        if user:
+            for layer, (k, v) in enumerate(zip(*user)):
+                inp.k_buf[layer][:, :u], inp.v_buf[layer][:, :u] = k, v
+            inp.have_kv[:u] = inp.exact_kv[:u] = True
         joins: dict[int, list] = {}
         for (a, _), g in zip(ranges, given):
             if g is None:
@@ -220,6 +224,9 @@ class Diagnoser(PathScorer):
         frozen = [Frozen(s, torch.cat([i for i, _ in js]).to(self.model.device),
                          torch.cat([h for _, h in js])) for s, js in sorted(joins.items())]
         res = prefill(self.model, inp, policy or self._naive, join=frozen)
+        if user is not None and not user:
+            user += [[k[:, :u].clone() for k in inp.k_buf],
+                     [v[:, :u].clone() for v in inp.v_buf]]
         if keep is not None:
             for (a, _), ch in zip(ranges, chunks):
                 keep.append(([k[:, a:a + len(ch)].clone() for k in inp.k_buf],
@@ -227,6 +234,17 @@ class Diagnoser(PathScorer):
         score, _ = yes_no_score(self.model, self.model.final_hidden(res.hidden_out),
                                 self.pw.yes_id, self.pw.no_id)
         return score.float().cpu().numpy()
+
+
+def block_marks(prompt, chunks, tail) -> tuple[list[int], list[int]]:
+    """Each slot's kind and offset (`paths.marks`) in a pass of `prompt`'s user side followed by
+    one block per chunk (chunk + `tail`), as the overlap selection reads them."""
+    kind, offset = marks(prompt.segments)
+    tail_kind = KINDS.index(prompt.blocks[0][1].kind)
+    for ch in chunks:
+        kind += [KINDS.index("item")] * len(ch) + [tail_kind] * len(tail)
+        offset += list(range(len(ch))) + [0] * len(tail)
+    return kind, offset
 
 
 def diagnose(scorer: Diagnoser, cases, catalog, progress: bool = False) -> dict:
