@@ -9,6 +9,13 @@ by user) at or above `floor`, top-5 agreement with full at or above `top5`; or, 
 it, the closest by mean NDCG@10, marked `"within": false` (`choose_fast_path`). "Fastest" is
 the share of the item tokens' layer work a path computes in the prompt (`computed_share`).
 
+`train.choice=sequential` (the default) scores the paths with what they share computed once
+(`choicepaths.SharedPaths`) and stops scoring a path that cannot change the answer: one that
+can no longer keep the ranking whatever the requests left hold, and, after a screen of the
+first quarter of the requests, those slower than the path that kept it there — scored after
+all when no path scored on every request keeps it. It names what `exhaustive` (every path in
+its own pass on every request, `diagnose.Diagnoser`) names (tests/finetune/test_ft_choice.py).
+
 Trigger: a pointwise adapter with a fast path whose choice is missing or was made on another
 `choice_targets`; the path it was trained for stays under `trained_fast_path`. Before it, the
 run is checked for having learnt anything (`learnt`): an adapter that learnt nothing is marked
@@ -18,6 +25,7 @@ so in the manifest, names no fast path, and the choice is skipped.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -27,6 +35,7 @@ from ..eval import metrics as M
 
 CHOICE_DEPTHS = (28, 25, 20, 15, 10, 5)  # late@s tried
 CHOICE_RATIOS = (0.15, 0.3)               # overlap@r tried
+SCREEN = 0.25   # share of the requests every path is scored on before slower ones are left out
 
 
 def computed_share(path: str, layers: int) -> float:
@@ -113,6 +122,27 @@ class Tally:
                 continue
             self.dropped[p] = {"requests": len(self.nd[p]), "why": why}
 
+    def defer_slower(self, order: list[str], tolerance: float, floor: float,
+                     top5: float) -> None:
+        """After a screen of the first requests: the first path in `order` that keeps the
+        ranking on them is the likely pick, and the paths slower than it are left out from
+        here on. Exact either way: if some path no slower than it keeps the ranking on every
+        request, the first such is what the exhaustive choice names (every path before it
+        was scored on every request, or dropped as hopeless); if none does, the paths left
+        out are scored on the requests they missed before the choice is made."""
+        mean, low, top = self.stats()
+        likely = [p for p in order if p not in self.dropped
+                  and mean[p] >= mean["full"] - tolerance and low[p] >= floor
+                  and top[p] >= top5]
+        if not likely:
+            return
+        pick = "naive" if likely[0] == "fast" else likely[0]
+        for p in order[order.index(likely[0]) + 1:]:
+            if p not in self.dropped:
+                self.dropped[p] = {"requests": len(self.nd[p]),
+                                   "why": f"slower than {pick}, which kept the ranking on "
+                                          "the first requests"}
+
     def stats(self) -> tuple[dict, dict, dict]:
         """(mean NDCG@10, lower end of the paired interval vs full, top-5 agreement) per path,
         over the requests each was scored on."""
@@ -133,26 +163,36 @@ def choose_fast_path(scorer, cases, tolerance: float = 0.02, progress: bool = Fa
     users' requests), by the rule of the module docstring. Tried: naive with the scorer's item
     tail, late@s for `scorer.depths` and overlap@r for `scorer.ratios` (a `diagnose.Diagnoser`
     or `choicepaths.SharedPaths`). `drop`: a path that can no longer keep the ranking is not
-    scored on the requests left (`Tally.drop_hopeless`); when no path keeps it, the dropped
-    ones are scored on those requests after all, for the closest. Either way the path named is
-    the one scoring every path on every request names. The manifest's `fast_path`."""
+    scored on the requests left (`Tally.drop_hopeless`), nor, after the first `SCREEN` of the
+    requests, one slower than the path that kept it there (`Tally.defer_slower`); when no path
+    scored on every request keeps it, the paths left out are scored on the requests they
+    missed after all. Either way the path named is the one scoring every path on every request
+    names. The manifest's `fast_path`."""
     from tqdm import tqdm
 
     names = (["full", "fast"] + [f"late@{s}" for s in scorer.depths]
              + [f"overlap@{r:g}" for r in scorer.ratios])
+    L = scorer.model.arch.num_layers
+    order = sorted(names[1:], key=lambda p: computed_share(p, L))
     tally = Tally(names, cases)
+    screen = math.ceil(SCREEN * len(cases))
     for i in tqdm(range(len(cases)), desc="fast paths", unit="request", disable=not progress):
         tally.add(i, scorer.score_case(cases[i], None, only=tally.active()))
         if drop:
             tally.drop_hopeless(tolerance, top5)
-    L = scorer.model.arch.num_layers
-    order = sorted(names[1:], key=lambda p: computed_share(p, L))
+            if i + 1 == screen:
+                tally.defer_slower(order, tolerance, floor, top5)
     mean, low, top = tally.stats()
-    within = [p for p in order if p not in tally.dropped and mean[p] >= mean["full"] - tolerance
-              and low[p] >= floor and top[p] >= top5]
-    if not within and tally.dropped:    # the closest is read over every request
+
+    def keeping() -> list[str]:     # the paths scored on every request that keep the ranking
+        return [p for p in order if p not in tally.dropped
+                and mean[p] >= mean["full"] - tolerance and low[p] >= floor and top[p] >= top5]
+
+    within = keeping()
+    if not within and tally.dropped:    # every path on every request after all
         _complete(scorer, tally, progress)
         mean, low, top = tally.stats()
+        within = keeping()
     pick = within[0] if within else max(order, key=lambda p: mean[p])
 
     def named(table):
@@ -169,8 +209,7 @@ def choose_fast_path(scorer, cases, tolerance: float = 0.02, progress: bool = Fa
 
 
 def _complete(scorer, tally: Tally, progress: bool) -> None:
-    """Scores the dropped paths on the requests they were dropped before (none is dropped
-    after)."""
+    """Scores the paths left out on the requests they missed (none is left out after)."""
     from tqdm import tqdm
 
     for i in tqdm(range(len(tally.cases)), desc="dropped paths", unit="request",
