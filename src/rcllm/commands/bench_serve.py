@@ -127,8 +127,9 @@ def _series_options(g) -> None:
                         f"engine time, measured at start; default {series.DEFAULT_RATES})")
     g.add_argument("--methods", default=series.DEFAULT_METHODS,
                    help="comma list: METHOD or METHOD:ITEM_RATIO:HISTORY_RATIO, each routed by "
-                        "its own policy (full load-only, prefix prefix-aware, the rest "
-                        "affinity) unless @POLICY follows it (prefix@load-only: the control); "
+                        "its own policy (full load-only, prefix prefix-aware, exact-user "
+                        "user-side, the rest affinity) unless @POLICY follows it "
+                        "(prefix@load-only: the control); "
                         "with --adapter its default method is added as 'adapter' (default "
                         f"{series.DEFAULT_METHODS})")
     g.add_argument("--policies", default=series.DEFAULT_POLICIES,
@@ -139,6 +140,15 @@ def _series_options(g) -> None:
                    help="the method the policy series runs under each of --policies, as in "
                         f"--methods (default {series.POLICY_METHOD}; e.g. rcllm:0.15:0.15 with "
                         "--set reuse.rcllm_select=overlap); checked before any model loads")
+    g.add_argument("--relay-lead-s", type=float, default=None, metavar="S",
+                   help="a relay in front (needs --scorer pointwise): each ranking's "
+                        "/v1/prewarm (its user and history) sent S seconds before it, as a "
+                        "relay does at the retrieval stage, for the series whose method reads "
+                        "the user side (not full or prefix); cells count the prewarms and "
+                        "their engine time (loadgen.md, Relay)")
+    g.add_argument("--relay-methods", default=None, metavar="M1,M2",
+                   help="with --relay-lead-s: relay only these series' methods (e.g. "
+                        "exact-user), each run by a series and reading the user side")
 
 
 def _bodies(cases) -> list[dict]:

@@ -12,7 +12,11 @@ tokens computed on the spot because their chunk missed, the item KV imported bet
 (items, and the time the imports took, waits for an engine lock apart) and the TTFT the missed
 item tokens cost, as the router's cost model prices them (`miss_cost_ms` of each row, set by
 the sweep from `routing.balance.miss_cost_ms`; the profile is the router's, fitted on its
-calibration run).
+calibration run). With a relay in front (`bench serve --sweep --relay-lead-s S`), the prewarms
+and their engine time (`relay_metrics`): `goodput_rps` stays the rankings answered within the
+SLO per second of the cell's wall time (from the first ranking's send; the prewarms' work shows
+in it as the queueing it causes, since they run on the same engines and the router counts them
+in each instance's load), and `goodput_per_engine_s` charges their engine time explicitly.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429",
          "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
          "chunk_hit_ratio", "item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms",
          "user_prefix_hit_ratio", "user_prefix_append_ratio", "prefix_hit_ratio",
-         "prefix_hit_requests", "per_instance", "held_items",
+         "prefix_hit_requests", "prewarms", "prewarm_errors", "prewarm_engine_ms",
+         "goodput_per_engine_s", "per_instance", "held_items",
          "tier_items")
 
 
@@ -45,10 +50,12 @@ def bootstrap_interval(xs: np.ndarray, q: float, level: float = 0.9, draws: int 
 
 
 def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
-                 instruction_tokens: int | None = None) -> dict:
+                 instruction_tokens: int | None = None,
+                 prewarms: list[dict] | None = None) -> dict:
     """The per-cell numbers of one load's per-request rows (module docstring);
     `instruction_tokens`: the instruction's tokens every prefix cache holds from start-up
-    (None: unknown, no prefix hit ratio)."""
+    (None: unknown, no prefix hit ratio); `prewarms`: the relay's prewarm rows (None or
+    empty: no relay), counted by `relay_metrics`."""
     ok = [r for r in rows if r["status"] == 200]
     lat = np.array([r["latency_ms"] for r in ok])
     eng = np.array([r["ttft_ms"] for r in ok])
@@ -84,6 +91,7 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
             "slo_attainment": within / max(1, len(rows)),
             "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
             **miss_metrics(ok), **prefix_metrics(ok, instruction_tokens),
+            **relay_metrics(ok, prewarms or [], within),
             "user_prefix_hit_ratio": (sum(u == "hit" for u in up) / len(up)) if up else None,
             # a returning user's history has grown by the last review: at best an append
             "user_prefix_append_ratio": (sum(u == "append" for u in up) / len(up)) if up
@@ -129,3 +137,30 @@ def prefix_metrics(ok: list[dict], instruction_tokens: int | None) -> dict:
     past = sum(max(0, r["context_tokens"] - instruction_tokens) for r in rows)
     return {"prefix_hit_ratio": sum(beyond) / past if past else 0.0,
             "prefix_hit_requests": sum(b > 0 for b in beyond) / len(rows)}
+
+
+def relay_metrics(ok: list[dict], prewarms: list[dict], within: int) -> dict:
+    """The relay's prewarms and the engine time they cost (module docstring): `prewarms`
+    sent, `prewarm_ok`, `prewarm_errors` (the rest: 429, 4xx, 5xx, lost; each ranking is sent
+    whatever its prewarm's fate), `prewarm_computed` (answered by computing the user side, not
+    finding it cached), `prewarm_engine_ms` (the engines' time on them, summed),
+    `prewarm_ready` (of the rankings, the share whose prewarm had answered when they were sent)
+    and `prewarm_followed` (of the answered rankings whose prewarm was answered, the share
+    served on the prewarm's instance); `rank_engine_ms` (the answered rankings' engine time,
+    summed) and `goodput_per_engine_s`: the rankings answered within the SLO (`within`) per
+    second of engine time, the prewarms' included, so a relay that moves work out of the
+    ranking's TTFT is charged for it. Without a relay the prewarm fields are 0 or None."""
+    answered = [p for p in prewarms if p["status"] == 200]
+    pre_ms = float(sum(p.get("engine_ms", 0.0) for p in answered))
+    rank_ms = float(sum(r["total_ms"] for r in ok))
+    linked = [r for r in ok if r.get("prewarm_instance") is not None]
+    return {"prewarms": len(prewarms), "prewarm_ok": len(answered),
+            "prewarm_errors": len(prewarms) - len(answered),
+            "prewarm_computed": sum(bool(p.get("computed")) for p in answered),
+            "prewarm_engine_ms": pre_ms, "rank_engine_ms": rank_ms,
+            "prewarm_ready": (sum(bool(r.get("prewarm_ready")) for r in ok) / len(ok))
+            if prewarms and ok else None,
+            "prewarm_followed": (sum(r["instance"] == r["prewarm_instance"] for r in linked)
+                                 / len(linked)) if linked else None,
+            "goodput_per_engine_s": within / ((rank_ms + pre_ms) / 1e3)
+            if rank_ms + pre_ms > 0 else 0.0}

@@ -2,7 +2,10 @@
 
 Open loop (arrivals do not wait for answers), so queueing and 429s show up as they would
 with independent clients. Every request is accounted for: answered (200), refused (429),
-refused for bad input (4xx) or failed (5xx / transport error).
+refused for bad input (4xx) or failed (5xx / transport error). With a relay in front
+(`relay_lead_s`) each ranking's /v1/prewarm leaves that long before it, one per ranking, under
+the same timeout; a ranking never waits for its prewarm, and a prewarm's failure is counted on
+its own row, never a ranking's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import httpx
 import numpy as np
 
 from ..serve.server import KEEP_ALIVE_S
+from .series import check_relay_lead
 
 # the client drops an idle connection well before the server would (no close race)
 KEEPALIVE_EXPIRY_S = min(5.0, KEEP_ALIVE_S / 4)
@@ -65,15 +69,45 @@ def _item_tokens(st: dict) -> dict[str, int]:
             "history_tokens": int((st.get("tokens_by_kind") or {}).get("history", 0))}
 
 
+async def _prewarm(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
+    """/v1/prewarm of a rank body's user part, as a relay sends it at the retrieval stage."""
+    sent = time.perf_counter()
+    try:
+        r = await client.post("/v1/prewarm", json={"user_id": body["user_id"],
+                                                   "history": body.get("history", [])})
+    except httpx.HTTPError as exc:
+        return {"status": -1, "error": type(exc).__name__, "user": body.get("user_id")}
+    out = {"status": r.status_code, "latency_ms": (time.perf_counter() - sent) * 1e3,
+           "user": body.get("user_id")}
+    if r.status_code == 200:
+        js = r.json()
+        out.update(instance=js["instance"], computed=js["computed"], tokens=js["tokens"],
+                   engine_ms=js.get("engine_ms", 0.0), lock_wait_ms=js.get("lock_wait_ms", 0.0))
+    return out
+
+
+def schedule(arrivals_s: Sequence[float], lead_s: float | None) -> list[tuple[float, int, int]]:
+    """The client's sends in time order, (seconds from the first ranking's arrival, kind, k):
+    kind 1 is request k's ranking at arrivals_s[k]; with `lead_s`, kind 0 is its prewarm
+    `lead_s` earlier (a prewarm first where two fall at one time)."""
+    events = [(float(a), 1, k) for k, a in enumerate(arrivals_s)]
+    if lead_s is not None:
+        events += [(float(a) - lead_s, 0, k) for k, a in enumerate(arrivals_s)]
+    return sorted(events)
+
+
 async def _run(url: str, bodies: list[dict], arrivals_s: Sequence[float], timeout_s: float,
-               on_answer: Callable[[dict], None] | None) -> list[dict]:
-    """Request k leaves at t0 + arrivals_s[k]; tasks are created at their arrival time, so a
-    long run holds only the requests in flight. `on_answer(row)` is called as each one ends
-    (on the event loop: it must not block)."""
-    async def one(client, body, sent_s):
-        row = await _one(client, body)
-        row["sent_s"] = sent_s
-        if on_answer is not None:
+               on_answer: Callable[[dict], None] | None, lead_s: float | None = None
+               ) -> tuple[list[dict], list[dict], float]:
+    """Request k leaves at t0 + arrivals_s[k] (with `lead_s`, its prewarm `lead_s` before;
+    the ranking never waits for it); tasks are created at their send time, so a long run holds
+    only the requests in flight. `on_answer(row)` is called as each ranking ends (on the event
+    loop: it must not block). (ranking rows, prewarm rows, seconds from t0 to the last answer)."""
+    async def one(client, call, body, t0):
+        sent_s = time.perf_counter() - t0
+        row = await call(client, body)
+        row.update(sent_s=sent_s, answered_s=time.perf_counter() - t0)
+        if on_answer is not None and call is _one:
             on_answer(row)
         return row
 
@@ -81,31 +115,51 @@ async def _run(url: str, bodies: list[dict], arrivals_s: Sequence[float], timeou
                                  limits=httpx.Limits(max_connections=256,
                                                      keepalive_expiry=KEEPALIVE_EXPIRY_S)
                                  ) as client:
-        t0 = time.perf_counter()
-        tasks = []
-        for at, body in zip(arrivals_s, bodies):
+        t0 = time.perf_counter() + (lead_s or 0.0)
+        tasks: list[dict[int, asyncio.Task]] = [{}, {}]     # prewarms, rankings by request
+        for at, kind, k in schedule(arrivals_s, lead_s):
             await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            tasks.append(asyncio.create_task(one(client, body, time.perf_counter() - t0)))
-        return list(await asyncio.gather(*tasks))
+            tasks[kind][k] = asyncio.create_task(one(client, _one if kind else _prewarm,
+                                                     bodies[k], t0))
+        pre, ranked = [list(await asyncio.gather(*[ts[k] for k in sorted(ts)]))
+                       for ts in tasks]
+        return ranked, pre, time.perf_counter() - t0
 
 
 def run_load(url: str, bodies: list[dict], qps: float, timeout_s: float = 120.0,
              arrivals_s: Sequence[float] | None = None,
-             on_answer: Callable[[dict], None] | None = None, keep_rows: bool = False) -> dict:
+             on_answer: Callable[[dict], None] | None = None, keep_rows: bool = False,
+             relay_lead_s: float | None = None) -> dict:
     """Sends `bodies` at `qps` (request k at k / qps), or at `arrivals_s` (seconds from the
     start, ascending) when given, and summarises: throughput, latency and TTFT percentiles.
-    `keep_rows`: the per-request rows under "requests" too."""
+    `keep_rows`: the per-request rows under "requests" too. `relay_lead_s`: a relay in front
+    (`check_relay_lead`): each request's /v1/prewarm sent that long before its ranking, its
+    rows under "prewarms" and each ranking row linked to its prewarm (`link_prewarms`); the
+    wall time runs from the first ranking's send, as without it."""
     if arrivals_s is None:
         arrivals_s = [k / qps for k in range(len(bodies))]
     if len(arrivals_s) != len(bodies):
         raise ValueError("one arrival time per body")
-    t0 = time.perf_counter()
-    rows = asyncio.run(_run(url, bodies, arrivals_s, timeout_s, on_answer))
-    wall_s = time.perf_counter() - t0
+    if relay_lead_s is not None:
+        check_relay_lead(relay_lead_s)
+    rows, pre, wall_s = asyncio.run(_run(url, bodies, arrivals_s, timeout_s, on_answer,
+                                         relay_lead_s))
     out = summarise(rows, wall_s)
+    if relay_lead_s is not None:
+        link_prewarms(rows, pre)
+        out["prewarms"] = pre
     if keep_rows:
         out["requests"] = rows
     return out
+
+
+def link_prewarms(rows: list[dict], prewarms: list[dict]) -> None:
+    """Each ranking row (request order) gets its prewarm's status, instance (None unless
+    answered) and `prewarm_ready`: answered before the ranking was sent."""
+    for r, p in zip(rows, prewarms, strict=True):
+        r["prewarm_status"] = p["status"]
+        r["prewarm_instance"] = p.get("instance")
+        r["prewarm_ready"] = p["status"] == 200 and p["answered_s"] <= r["sent_s"]
 
 
 def summarise(rows: list[dict], wall_s: float) -> dict:

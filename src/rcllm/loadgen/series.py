@@ -8,14 +8,17 @@ both roles: the policy series' cell under the method's own policy is the method 
 Method names are checked against the engine's (`config.METHODS`) before anything starts. A
 method series may name its policy, `METHOD@POLICY` (its series is then named so): the control
 `prefix@load-only` routes prefix caching by load alone, beside `prefix` routed prefix-aware.
+`exact-user` is routed by its user side (`user-side`); with a relay (`with_relay`) its user side
+is prewarmed ahead of each ranking: the lossless peer, prefix caching with a relay in front.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
-from ..config import METHODS
+from ..config import METHOD_ALIASES, METHODS, REUSE_METHODS
 from ..errors import RcllmError
 from ..routing.registry import ITEM_POLICIES, check_policy, method_policy
 
@@ -24,6 +27,10 @@ DEFAULT_METHODS = "full,prefix,prefix@load-only,rcllm:0.3:0.3,rcllm:0.15:0.15"
 # every registered policy that reads item KV or load (routing/registry.py), in name order
 DEFAULT_POLICIES = ",".join(sorted(ITEM_POLICIES))
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
+# the methods that read the user side from the user-prefix cache (pointwise scorer): the reuse
+# methods, exact-user, and an adapter's fast path; full and prefix compute it in every request,
+# so a relay's prewarm would only add work to them
+USER_SIDE_METHODS = (*REUSE_METHODS, *METHOD_ALIASES, "adapter")
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run by default
 
 
@@ -34,6 +41,7 @@ class Series:
     fields: dict = field(default_factory=dict)     # added to every body (method, ratios)
     method: str = "default"
     roles: tuple[str, ...] = ("method",)        # "method" and/or "policy" (module docstring)
+    relay_lead_s: float | None = None   # a relay's prewarm leads each ranking by this; None: none
 
     def body(self, body: dict) -> dict:
         return {**body, **self.fields}
@@ -99,6 +107,51 @@ def series_of(methods: str, policies: str, adapter: bool,
     if not out:
         raise RcllmError("the sweep needs at least one method or policy")
     return out
+
+
+def check_user_sides(series: list[Series], scorer: str | None, adapter: bool) -> None:
+    """RcllmError when a series needs the user-prefix cache (a relay's prewarm; exact-user)
+    and the deployment's scorer keeps none. `scorer` as asked (None: an adapter's own, known
+    only once it loads, so passed here; without an adapter the verbalizer): checked before
+    any model loads, and again on the started deployment."""
+    need = [f"{s.name} @ {s.policy}" for s in series
+            if s.relay_lead_s is not None or s.method in METHOD_ALIASES]
+    if need and scorer != "pointwise" and not (scorer is None and adapter):
+        raise RcllmError(f"{', '.join(need)}: a relay's prewarm and exact-user need the "
+                         f"pointwise scorer (the user-prefix cache), not {scorer or 'the default'}"
+                         "; add --scorer pointwise")
+
+
+def check_relay_lead(lead_s: float) -> float:
+    """`lead_s` when it is a lead a relay can keep (finite, >= 0); RcllmError otherwise."""
+    if not (isinstance(lead_s, (int, float)) and math.isfinite(lead_s) and lead_s >= 0):
+        raise RcllmError(f"--relay-lead-s {lead_s!r}: the seconds a prewarm leads its "
+                         "ranking, a finite number >= 0")
+    return float(lead_s)
+
+
+def with_relay(series: list[Series], lead_s: float | None,
+               methods: str | None = None) -> list[Series]:
+    """`series` with a relay in front of those whose method reads the user side
+    (`USER_SIDE_METHODS`), or of those `methods` names (comma list of methods, as the series'
+    `method`): each of their rankings' /v1/prewarm sent `lead_s` before it. RcllmError for a
+    named method no series runs, or one that reads no user side; `lead_s` None: no relay
+    (and no `methods`)."""
+    if lead_s is None:
+        if methods:
+            raise RcllmError("--relay-methods needs --relay-lead-s")
+        return series
+    lead_s = check_relay_lead(lead_s)
+    named = [m for m in (methods or "").split(",") if m]
+    for m in named:
+        if m not in USER_SIDE_METHODS:
+            raise RcllmError(f"--relay-methods {m!r}: a relay prewarms the user side, which "
+                             f"only {', '.join(USER_SIDE_METHODS)} read")
+        if not any(s.method == m for s in series):
+            raise RcllmError(f"--relay-methods {m!r}: no series of this sweep runs it")
+    keep = set(named) if named else set(USER_SIDE_METHODS)
+    return [dataclasses.replace(s, relay_lead_s=lead_s if s.method in keep else None)
+            for s in series]
 
 
 def parse_rates(spec: str) -> list[tuple[float, bool]]:

@@ -6,8 +6,11 @@ serves every cell, so the instances' start-up is paid once. A cell is one (serie
 series is a method with its routing policy (`series.py`) — full routed load-only, prefix as it
 is deployed, prefix-aware (to the instance whose prefix cache holds the longest prefix of the
 prompt unless its queue is longer: `routing.policies.PrefixAware`), with `prefix@load-only` as
-its control, rcllm (and an adapter's own default method, its fast path) by affinity — or the
-`--policy-method` (rcllm 0.3/0.3) under each other policy. Within
+its control, exact-user by its user side (`user-side`), rcllm (and an adapter's own default
+method, its fast path) by affinity — or the `--policy-method` (rcllm 0.3/0.3) under each other
+policy. With `--relay-lead-s S` a relay runs in front of the series that read the user side
+(`series.with_relay`): each ranking's /v1/prewarm leaves S seconds before it (`client`), and the
+cells count the prewarms and their engine time (`cells.relay_metrics`). Within
 a rate every series runs once, one after the other (so a drift of the shared machine's speed
 hits every series alike), the router's policy swapped between cells.
 
@@ -50,7 +53,8 @@ from .cells import TABLE, cell_metrics
 from .client import run_load
 from .phases import redated, wait_until_stored
 from ..routing.registry import in_role
-from .series import POLICY_METHOD, Series, parse_method, parse_rates, series_of
+from .series import (POLICY_METHOD, Series, check_user_sides, parse_method, parse_rates,
+                     series_of, with_relay)
 from .targets import format_targets, sweep_targets
 from .trace import review_trace
 
@@ -59,15 +63,16 @@ WARM_FIELDS = ("status", "instance", "method", "user", "items", "history_items",
                "hits", "item_tokens", "history_tokens")
 
 
-def _waves(url: str, bodies: list[dict], size: int) -> dict:
+def _waves(url: str, bodies: list[dict], size: int, relay: float | None = None) -> dict:
     """`bodies` in waves of `size` sent at once, each wave after the last is answered (the
-    warm-up and the capacity probe: as fast as the deployment goes, never refused)."""
+    warm-up and the capacity probe: as fast as the deployment goes, never refused); `relay`
+    (a lead, s): each with its prewarm before it, as the series' cells send them."""
     rows: list[dict] = []
     t0 = time.perf_counter()
     for k in range(0, len(bodies), max(1, size)):
         part = bodies[k:k + max(1, size)]
         rows += run_load(url, part, 0, 600.0, arrivals_s=[0.0] * len(part),
-                         keep_rows=True)["requests"]
+                         keep_rows=True, relay_lead_s=relay)["requests"]
     return {"requests": rows, "sent": len(rows), "ok": sum(r["status"] == 200 for r in rows),
             "wall_s": time.perf_counter() - t0}
 
@@ -81,7 +86,7 @@ def _warm_up(url: str, backend, trace, series, rates, wave: int):
     first = trace.bodies[:wave]
     for s in series:
         warm["requests"] += _waves(url, [s.body(b) for b in redated(first, -1)],
-                                   wave)["requests"]
+                                   wave, s.relay_lead_s)["requests"]
     wait_until_stored(backend.store_stats)
     capacity = None
     if any(rel for _v, rel in rates):
@@ -110,14 +115,15 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     # on one scale with it (the VM's speed drifts within a sweep)
     reference = backend.speed_reference()
     load_before = os.getloadavg()[0]
-    res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True)
+    res = run_load(url, bodies, rate, args.timeout_s, arrivals_s=arrivals, keep_rows=True,
+                   relay_lead_s=s.relay_lead_s)
     drained = wait_until_stored(backend.store_stats)
     price_misses(res["requests"], backend.cost)
     cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
-            "roles": list(s.roles),
+            "roles": list(s.roles), "relay_lead_s": s.relay_lead_s,
             **cell_metrics(res["requests"], res["wall_s"], args.slo_ms,
-                           backend.prefix_instruction_tokens),
+                           backend.prefix_instruction_tokens, res.get("prewarms")),
             "builds_drained": drained, "arrivals_s": arrivals.tolist(),
             # the items the router counts as held by each instance's own store after the cell
             # (views.LiveInstance), and beside a Redis tier its picture of the tier (tier.py)
@@ -127,11 +133,14 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
             # the machine's 1-min load average before and after the cell: a quiet 2-core
             # machine running this sweep stays near 2-3
             "loadavg_1m": [load_before, os.getloadavg()[0]],
-            "requests": [dict(r) for r in res["requests"]]}
+            "requests": [dict(r) for r in res["requests"]],
+            "prewarm_requests": res.get("prewarms", [])}
     print(f"cell {cell['series']} at {rate:.3f} rps: p50/p99 "
           f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
           f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
-          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost; load average "
+          f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost"
+          + (f", {cell['prewarms']} prewarms ({cell['prewarm_errors']} failed)"
+             if s.relay_lead_s is not None else "") + "; load average "
           f"{load_before:.1f}", flush=True)
     return cell
 
@@ -162,7 +171,10 @@ def run_sweep(args) -> int:
     from ..launch import load_data
 
     logging.getLogger("httpx").setLevel(logging.WARNING)    # not a line per request
-    series = series_of(args.methods, args.policies, bool(args.adapter), args.policy_method)
+    series = with_relay(series_of(args.methods, args.policies, bool(args.adapter),
+                                  args.policy_method),
+                        getattr(args, "relay_lead_s", None), getattr(args, "relay_methods", None))
+    check_user_sides(series, getattr(args, "scorer", None), bool(args.adapter))
     rates = parse_rates(args.rates)
     profile = _router_profile(args)        # a bad --profile file is refused before anything
     cap = getattr(args, "redis_max_bytes", None)
@@ -244,6 +256,8 @@ def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
                          fetch_remote=not getattr(args, "no_imports", False))
     lifecycle.install()          # ray.init put its own SIGTERM handler in place
     start_s = time.perf_counter() - t0
+    check_user_sides(series, "pointwise" if backend.residency is not None else "listwise",
+                     False)
     running = start_in_thread(create_app(backend, ServeSettings(queue_size=args.queue_size)))
     try:
         # one request per instance at a time: never refused, and never queued long

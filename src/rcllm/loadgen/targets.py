@@ -138,7 +138,8 @@ def reread(path: str, slo_ms: float, out: str) -> dict:
         if "requests" not in c:
             raise RcllmError(f"--report {path!r}: a cell has no per-request rows")
         cells.append({**c, **cell_metrics(c["requests"], c["wall_s"], slo_ms,
-                                          report.get("prefix_instruction_tokens"))})
+                                          report.get("prefix_instruction_tokens"),
+                                          c.get("prewarm_requests"))})
     n = max(c["sent"] for c in cells)
     return {**report, "partial": report.get("partial", False), "slo_ms": slo_ms,
             "reread_from": path, "cells": cells,

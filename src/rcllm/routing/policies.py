@@ -18,6 +18,9 @@ registry (`registry.py`) builds them by name.
   scorer): the instance holding the request's longest cached prompt prefix, unless its queue
   is longer than the shortest by more than a threshold; then, or where no instance holds any
   of it, load-only.
+- user-side: the user-prefix cache as a relay deploys it (RelayGR): the instance holding the
+  request's user side (prewarmed there, or left by the user's last ranking), with the same
+  balance against load as prefix-aware; a user no instance holds goes by load.
 Score ties go to the lower outstanding work, then the lower index; load-only rotates ties.
 """
 
@@ -30,6 +33,7 @@ import numpy as np
 from ..errors import RcllmError
 from .balance import HIT_FLOOR, decision_weight
 from .cost import CostModel
+from .requests import is_user_key
 from .views import ClusterView, RoutingRequest
 
 class RoutingPolicy(Protocol):
@@ -134,30 +138,27 @@ class CostBased:
         return int(np.argmin(ttft))
 
 
-class PrefixAware:
-    """The instance whose prefix cache holds the longest prefix of the request's prompt
-    (`cluster.prefixes`, the router's picture: `prefixes.PrefixIndex`), balanced against load
-    as SGLang's cache-aware router does: when that instance's queue holds more than
-    `max_extra_requests` requests beyond the shortest queue, or no instance holds any of the
-    prefix, the request goes by load (`LoadOnly`, its ties rotating). Ties between equally long
-    matches go to the less outstanding work. SGLang's default imbalance threshold (64
-    requests) is for engines that batch dozens of requests; an rcllm instance runs one at a
-    time, so one request queued ahead costs a whole service time, more than a history's
-    prefix saves: the default lets the match win by at most one queued request."""
+class _HeldUnlessQueued:
+    """Where the most of what the request reuses is held (`held`: tokens per instance), unless
+    that instance's queue holds more than `max_extra_requests` beyond the shortest; then, or
+    where no instance holds any, by load (`LoadOnly`, its ties rotating). Ties between equal
+    holdings go to the less outstanding work. An rcllm instance runs one request at a time, so
+    one request queued ahead costs a whole service time, more than a prefix or a user side
+    saves: the default lets the holding win by at most one queued request."""
 
-    name = "prefix-aware"
+    name = ""
 
     def __init__(self, max_extra_requests: int = 1) -> None:
         if max_extra_requests < 0:
-            raise RcllmError("prefix-aware: max_extra_requests must be >= 0")
+            raise RcllmError(f"{self.name}: max_extra_requests must be >= 0")
         self.max_extra_requests = max_extra_requests
         self._load = LoadOnly()
 
+    def held(self, request: RoutingRequest, cluster: ClusterView) -> np.ndarray:
+        raise NotImplementedError
+
     def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
-        if cluster.prefixes is None:
-            raise RcllmError("prefix-aware routing needs the cluster's prefix picture "
-                             "(ClusterView.prefixes); this view has none")
-        matched = cluster.prefixes.matched_tokens(request.prefix, request.prefix_tokens)
+        matched = self.held(request, cluster)
         if matched.max() <= 0:
             return self._load.choose(request, cluster)
         pick = _argmax_then_least_loaded(matched, cluster)
@@ -165,3 +166,38 @@ class PrefixAware:
             return self._load.choose(request, cluster)
         return pick
 
+
+class PrefixAware(_HeldUnlessQueued):
+    """The instance whose prefix cache holds the longest prefix of the request's prompt
+    (`cluster.prefixes`, the router's picture: `prefixes.PrefixIndex`), balanced against load
+    as SGLang's cache-aware router does (`_HeldUnlessQueued`). SGLang's default imbalance
+    threshold (64 requests) is for engines that batch dozens of requests; here one queued
+    request is the default."""
+
+    name = "prefix-aware"
+
+    def held(self, request: RoutingRequest, cluster: ClusterView) -> np.ndarray:
+        if cluster.prefixes is None:
+            raise RcllmError("prefix-aware routing needs the cluster's prefix picture "
+                             "(ClusterView.prefixes); this view has none")
+        return cluster.prefixes.matched_tokens(request.prefix, request.prefix_tokens)
+
+
+class UserSide(_HeldUnlessQueued):
+    """The instance holding the request's user side: the routing item `requests.user_key`,
+    which the router's view counts as held on the instance whose side can serve the request
+    (`serve.views.UserResidency`: a relay's prewarm there, or the user's last ranking),
+    balanced against load as `PrefixAware` is (`_HeldUnlessQueued`). RcllmError for a request
+    that carries no user side (a listwise deployment's, or the simulator's requests): there is
+    nothing to route by."""
+
+    name = "user-side"
+
+    def held(self, request: RoutingRequest, cluster: ClusterView) -> np.ndarray:
+        side = [k for k, item in enumerate(request.items) if is_user_key(item)]
+        if not side:
+            raise RcllmError("user-side routing needs the request's user side (a pointwise "
+                             "deployment, whose user-prefix cache holds it); this request "
+                             "carries none")
+        k = side[0]
+        return cluster.locality.local_tokens([request.items[k]], request.item_tokens[k:k + 1])

@@ -6,8 +6,9 @@ from configuration in the same way).
 
 `reads` says what a policy's choice depends on beyond the request: "order" (the arrival order
 alone), "load" (the instances' outstanding work), "items" (the item KV each holds, and load),
-"prefixes" (the prefix caches' picture, `prefixes.PrefixIndex`, and load). The simulator's
-cluster views carry load and items, not yet a prefix picture: `ITEM_POLICIES` run there.
+"prefixes" (the prefix caches' picture, `prefixes.PrefixIndex`, and load), "users" (where
+each user's user side is, `serve.views.UserResidency`, and load). The simulator's cluster views
+carry load and items, neither a prefix picture nor user sides: `ITEM_POLICIES` run there.
 
 It also says which series of a served sweep a cell belongs to (`in_role`): the sweep
 (`loadgen`) and the simulator's plots (`sim.plots`) read one rule, and the simulator may not
@@ -22,7 +23,7 @@ from typing import Callable
 from ..errors import RcllmError
 from .cost import CostModel
 from .policies import (Affinity, CostBased, HitOnly, LoadOnly, PrefixAware, RoundRobin,
-                       RoutingPolicy)
+                       RoutingPolicy, UserSide)
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,14 @@ class PolicyOptions:
     w_hit: float = 1.0              # affinity's hit weight
     w_idle: float | None = 4.0      # affinity's idleness weight; None: derived per decision
     prefix_max_extra: int = 1       # prefix-aware: queued requests a match may add
+    user_max_extra: int = 1         # user-side: queued requests a held user side may add
 
 
 @dataclass(frozen=True)
 class PolicySpec:
     name: str
     make: Callable[[CostModel, PolicyOptions], RoutingPolicy]
-    reads: str                      # "order" | "load" | "items" | "prefixes" (module docstring)
+    reads: str          # "order" | "load" | "items" | "prefixes" | "users" (module docstring)
     summary: str                    # one line, for --help and the docs
 
 
@@ -55,6 +57,9 @@ _SPECS = (
                "the lowest TTFT the cost model estimates (queue + service there)"),
     PolicySpec(PrefixAware.name, lambda cost, o: PrefixAware(o.prefix_max_extra), "prefixes",
                "the longest cached prompt prefix unless its queue is longer (SGLang, llm-d)"),
+    PolicySpec(UserSide.name, lambda cost, o: UserSide(o.user_max_extra), "users",
+               "the instance holding the user side (a relay's prewarm) unless its queue is "
+               "longer"),
 )
 REGISTRY: dict[str, PolicySpec] = {s.name: s for s in _SPECS}
 
@@ -65,8 +70,11 @@ ITEM_POLICIES = tuple(n for n, s in REGISTRY.items() if s.reads in ("order", "lo
 # blind to what the instances hold: the served replay can simulate them without the caches
 CACHE_BLIND = tuple(n for n, s in REGISTRY.items() if s.reads in ("order", "load"))
 # the policy a method series of the served sweep is routed by (the rest: DEFAULT_POLICY): full
-# reads no cache, so load decides; prefix is routed as it is deployed, prefix-aware
-METHOD_POLICIES = {"full": LoadOnly.name, "prefix": PrefixAware.name}
+# reads no cache, so load decides; prefix is routed as it is deployed, prefix-aware; exact-user
+# reads only the user side from the user-prefix cache (every candidate computed), so it goes
+# where that side is, as behind a relay
+METHOD_POLICIES = {"full": LoadOnly.name, "prefix": PrefixAware.name,
+                   "exact-user": UserSide.name}
 DEFAULT_POLICY = Affinity.name
 # the policy series' name in served sweeps recorded before cells carried their roles
 LEGACY_POLICY_SERIES = "rcllm-0.3/0.3"

@@ -22,6 +22,11 @@ def user_key(user_id: str) -> tuple[str, str]:
     return ("user-prefix", user_id)
 
 
+def is_user_key(item: object) -> bool:
+    """Whether a routing "item" is a user side (`user_key`), not a catalog id."""
+    return isinstance(item, tuple) and len(item) == 2 and item[0] == "user-prefix"
+
+
 def entry_key(entry: dict | str) -> tuple:
     """A history entry of a payload as the engine's history hash sees it (its content); an
     entry given by its item id alone (what a served sweep's rows keep, `history_items`, which

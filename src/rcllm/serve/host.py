@@ -90,9 +90,14 @@ class EngineHost:
 
     def prewarm(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Pre-inference of `schemas.PrewarmIn.model_dump()`: the user side into the
-        user-prefix cache ({tokens, computed}); RcllmError without the pointwise scorer."""
+        user-prefix cache ({tokens, computed, engine_ms: the engine's time on it, lock_wait_ms:
+        behind other calls}); RcllmError without the pointwise scorer."""
+        t0 = time.perf_counter()
         with self.lock:
-            return dict(self.engine.prewarm(payload["user_id"], history_of(payload)))
+            t1 = time.perf_counter()
+            out = dict(self.engine.prewarm(payload["user_id"], history_of(payload)))
+            return {**out, "engine_ms": (time.perf_counter() - t1) * 1e3,
+                    "lock_wait_ms": (t1 - t0) * 1e3}
 
     def user_prefix_stats(self) -> dict[str, float] | None:
         """The user-prefix cache's counters (hits, misses, bytes, ...), None without one."""

@@ -67,6 +67,18 @@ class Picture:
                 kind == "prewarm" or out["stats"].get("user_prefix", "off") != "off"):
             self.residency.note(payload["user_id"], inst.index, payload.get("history"))
 
+    def prewarm_sent(self, inst: LiveInstance, payload: dict[str, Any]) -> None:
+        """A prewarm sent to `inst`: the user's side counts as held there now, before it is
+        computed (the instance's engine runs its calls in turn, so a ranking sent after it
+        finds it), and a relay's ranking that arrives meanwhile follows it."""
+        if self.residency is not None:
+            self.residency.note(payload["user_id"], inst.index, payload.get("history"))
+
+    def prewarm_failed(self, inst: LiveInstance, payload: dict[str, Any]) -> None:
+        """A prewarm sent to `inst` was refused or lost: its side is not there."""
+        if self.residency is not None:
+            self.residency.drop(payload["user_id"], inst.index)
+
     def prompt_served(self, inst: LiveInstance, request: RoutingRequest,
                       out: dict[str, Any]) -> None:
         """A ranking answered: with a method whose exact prompt `inst` inserts into its prefix

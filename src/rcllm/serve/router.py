@@ -17,8 +17,10 @@ start. An item off the chosen instance's shard is fetched from an instance that 
 below recomputing, else recomputed; either way it is cached there after the answer. Beside a
 shared Redis tier no item KV moves between instances (`tier.py`). Routing: a `rcllm.routing`
 policy (affinity by default) over live views of the instances that still have room;
-`/v1/prewarm` goes through the same policy, so a prewarm and the user's next ranking land on
-one instance. Failure: a request whose instance died or timed out is retried on another live
+`/v1/prewarm` goes through the same policy, and the user's side counts as held where a prewarm
+was sent from the moment it is sent (a relay's ranking that arrives while its prewarm still
+queues follows it there; a prewarm that fails is forgotten), so a prewarm and the user's next
+ranking land on one instance unless the policy's balance against load says otherwise. Failure: a request whose instance died or timed out is retried on another live
 instance; a refused request ({"error"}) is answered, never retried.
 """
 
@@ -33,6 +35,7 @@ from ..errors import RcllmError
 from ..records import Item
 from ..routing import CostModel, MethodConfig, SpeedProfile, routing_policy
 from ..routing.prefixes import PrefixIndex
+from ..routing.registry import REGISTRY, check_policy
 from .actors import InstanceActors
 from .admission import Admission
 from .calibrate import router_profile
@@ -121,7 +124,11 @@ class RayBackend:
 
     def use_policy(self, name: str) -> None:
         """Routes with policy `name` from now on (a fresh object: no carried state); affinity
-        with this backend's idleness weight (`w_idle`, None: derived per decision)."""
+        with this backend's idleness weight (`w_idle`, None: derived per decision).
+        RcllmError for a policy that reads user sides on a deployment without them."""
+        if REGISTRY[check_policy(name)].reads == "users" and self.residency is None:
+            raise RcllmError(f"policy {name!r} routes by user sides: it needs the pointwise "
+                             "scorer (the user-prefix cache)")
         self.policy = routing_policy(name, self.cost, w_idle=self.w_idle)
 
     # ---- the picture's parts, by their old names (the sweep and the tests read them) -------
@@ -173,7 +180,12 @@ class RayBackend:
             if not tried:
                 live = self.admission.admit(live, self.instances)
             inst, local, estimate_ms = self._choose(live, payload, request)
+            if kind == "prewarm":       # the user's next ranking follows it from now on
+                self.picture.prewarm_sent(inst, payload)
             out = await self._call(kind, inst, payload, request, local, estimate_ms)
+            if out is None or "error" in out:
+                if kind == "prewarm":
+                    self.picture.prewarm_failed(inst, payload)
             if out is None:
                 tried.add(inst.index)
                 self.retries += 1

@@ -46,6 +46,8 @@ class PrewarmOut(BaseModel):
     tokens: int         # tokens of the user side (instruction + history window)
     computed: bool      # False: it was already in this instance's user-prefix cache
     instance: int = 0   # the instance that holds it now (where the user's rankings go)
+    engine_ms: float = 0.0      # the engine's time on it (a look-up when it was cached)
+    lock_wait_ms: float = 0.0   # behind other calls on that engine before it
 
 
 class RankOut(BaseModel):

@@ -158,6 +158,12 @@ class UserResidency:
             return None
         return row[0]
 
+    def drop(self, user_id: str, index: int) -> None:
+        """Forgets `user_id`'s side if it is noted on instance `index` (a failed prewarm)."""
+        row = self._homes.get(user_id)
+        if row is not None and row[0] == index:
+            del self._homes[user_id]
+
     def forget_instance(self, index: int) -> None:
         for user in [u for u, row in self._homes.items() if row[0] == index]:
             del self._homes[user]
