@@ -166,6 +166,10 @@ def test_work_behind_an_answer_shares_the_cores_with_the_next_request():
     rows, summary = served.predict_sweep(sweep, profile)
     assert summary["behind_cores"] is None and not summary["behind_recorded"]
     assert rows[0]["behind_ms_per_request"] is None
+    # a relay's prewarms are not replayed, and the summary says how many were left out
+    assert summary["relay_prewarms_left_out"] == 0
+    sweep["cells"][0]["prewarms"] = 3
+    assert served.predict_sweep(sweep, profile)[1]["relay_prewarms_left_out"] == 3
 
 
 def test_a_niced_builder_takes_only_its_weight_of_a_shared_core():

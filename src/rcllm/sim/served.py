@@ -28,7 +28,9 @@ forward pass, `behind_ms`); the engines and busy builders share the sweep machin
 (the summary says so).
 
 What the model leaves out (the comparison shows how much it matters): the router's CPU, Redis
-fetches, and queueing in Ray before the actor.
+fetches, queueing in Ray before the actor, and a relay's prewarms (`bench serve --sweep
+--relay-lead-s`: their engine time is not replayed; the summary counts them,
+`relay_prewarms_left_out`).
 
 The comparison's outputs (JSON, table, figure) are written by sim/served_report.py.
 """
@@ -284,6 +286,7 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                # --routing caches: the profile its router priced with (file or "fit")
                "router_profile": replay.router_source if replay is not None else None,
                "service": service,
+               "relay_prewarms_left_out": _prewarms(sweep),     # not replayed
                "overhead_ms": overhead_ms, "busy_slowdown": busy_slowdown,
                # None: behind work left out (off, or a sweep recorded before behind_tokens)
                "behind_cores": cores, "behind_recorded": recorded,
@@ -298,6 +301,12 @@ def predict_sweep(sweep: dict[str, Any], profile: SpeedProfile, routing: str = "
                               "policy": r["policy"], "ttft_p50_ms": r["predicted_p50_ms"],
                               "ttft_p99_ms": r["predicted_p99_ms"]} for r in rows]}
     return rows, summary
+
+
+def _prewarms(sweep: dict[str, Any]) -> int:
+    """The relay's prewarms the sweep sent (`bench serve --sweep --relay-lead-s`), which ran
+    on the engines and which the prediction leaves out (module docstring)."""
+    return sum(int(c.get("prewarms") or 0) for c in sweep["cells"])
 
 
 def _cache_replay(sweep, profile, routing, measured, overhead_ms, behind_cost):
