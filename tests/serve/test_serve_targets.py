@@ -47,6 +47,10 @@ def test_the_verdict_is_taken_where_prefix_last_meets_the_slo():
     text = format_targets(t)
     assert "0.200 rps" in text and "rcllm-0.3/0.3: 3.28 (met" in text
     assert "    full: 1.26\n" in text            # shown, never judged
+    # the lossless peer (exact-user, behind a relay) is shown beside prefix, never judged
+    cells = _sweep(7000.0) + [_cell("exact-user", "user-side", 0.2, [2000] * 10, 7000.0)]
+    text = format_targets(sweep_targets(cells, 7000.0))
+    assert f"    exact-user: {p99[0] / 2000:.2f}\n" in text and "rcllm-0.3/0.3: 3.28 (met" in text
 
 
 def test_no_rate_meets_the_slo_is_said_not_hidden():

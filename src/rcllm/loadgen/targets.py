@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from ..config import METHOD_ALIASES
 from ..errors import RcllmError, read_json_file
 from ..routing.policies import Affinity, CostBased, HitOnly, LoadOnly
 from ..routing.registry import in_role
@@ -28,6 +29,8 @@ from .cells import cell_metrics
 BASELINE = "prefix"
 P99_TARGET = 1.5
 GOODPUT_TARGET = 1.5
+# the series that lose nothing against full: shown beside the fast paths, never judged
+PEERS = ("full", BASELINE, *METHOD_ALIASES)
 # the routing target: the cache-aware policies against the two that each miss one side
 AFFINITY, COST, RIVALS = Affinity.name, CostBased.name, (HitOnly.name, LoadOnly.name)
 
@@ -115,9 +118,10 @@ def format_targets(t: dict) -> str:
 
 
 def _verdict(name: str, ratio: float | None, target: float) -> str:
-    """The targets judge the reuse methods; full and prefix (the baseline, and prefix under
-    another policy: `prefix@load-only`) are shown only."""
-    if ratio is None or name.split("@")[0] in ("full", BASELINE):
+    """The targets judge the fast paths; the exact peers — full, prefix (the baseline, and
+    prefix under another policy: `prefix@load-only`) and exact-user (lossless) — are shown
+    only."""
+    if ratio is None or name.split("@")[0] in PEERS:
         return ""
     return f" ({'met' if ratio >= target else 'missed'}, target {target:g})"
 
