@@ -16,7 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 # said wherever an engine without an adapter ranks (rank, the demo, bench ttft, serve's start-up
 # log, /healthz and the page at /ui): the bundled base model's rankings do not follow content
-UNTUNED_NOTE = ("no adapter: the base model ranks untuned, its rankings do not follow the "
+UNTUNED_NOTE = ("no adapter (or one that learnt nothing): the base model ranks untuned, its "
+                "rankings do not follow the "
                 "user's history or the items (speeds are real, rankings are not). Train one for "
                 "your data with `rcllm finetune --data PATH --category NAME` and pass "
                 "`--adapter DIR` (README, 'Fine-tuning the ranker')")

@@ -225,6 +225,7 @@ def _run(args) -> int:
     import uvicorn
 
     from ..serve import lifecycle
+    from ..model.adapter_file import ranks_untuned
     from ..serve.app import create_app
     from ..serve.server import KEEP_ALIVE_S
 
@@ -243,8 +244,9 @@ def _run(args) -> int:
     try:
         backend = make_backend(args)
         lifecycle.install()                  # ray.init put its own SIGTERM handler in place
-        # no adapter: the start-up log, /healthz and the page say the rankings are untuned
-        untuned = not spec_from(args).engine_config()[0].model.adapter
+        # no adapter (or one that learnt nothing): the start-up log, /healthz and the page say
+        # the rankings are untuned
+        untuned = ranks_untuned(spec_from(args).engine_config()[0].model.adapter)
         app = create_app(backend, settings, dataset=getattr(backend, "dataset", None),
                          untuned=untuned)
         if untuned:

@@ -22,6 +22,7 @@ import torch
 from ..config import METHOD_ALIASES, RcllmConfig, ReuseConfig
 from ..errors import RcllmError
 from ..kvstore.base import ChunkKV, KVStore, MemoryLRUStore
+from ..model.adapter_file import ranks_untuned
 from ..model.loading import LoadedModel
 from ..prefill.chunks import ChunkBuilder
 from ..prefill.prefix_cache import PrefixCache
@@ -78,8 +79,9 @@ class Engine:
 
     @property
     def untuned(self) -> bool:
-        """True when no adapter is merged: the rankings are the base model's (report.UNTUNED_NOTE)."""
-        return not self.cfg.model.adapter
+        """True when no adapter is merged, or the one merged learnt nothing: the rankings are
+        the base model's (report.UNTUNED_NOTE)."""
+        return ranks_untuned(self.cfg.model.adapter)
 
     # ---- chunk KV (prefill.chunks) --------------------------------------------------------
     def kind_tags(self) -> dict[str, str]:

@@ -56,6 +56,12 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def ranks_untuned(path: str | Path | None) -> bool:
+    """True when rankings are the base model's: no adapter, or one whose training run found it
+    learnt nothing (manifest `"learnt": false`, written by `rcllm finetune`)."""
+    return not path or read_manifest(path).get("learnt") is False
+
+
 def read_adapter(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(factors, manifest); raises RcllmError on a missing file or a checksum mismatch."""
     manifest = read_manifest(path)
