@@ -93,7 +93,8 @@ def test_stores_keep_their_budget_and_drop_the_least_recent():
 
 @pytest.mark.parametrize("setting, message", [
     ("instances=2,x", "integers"), ("budgets=0", "within"), ("policies=affinity", "load-only"),
-    ("policies=load-only,prefix-aware", "prefixes"), ("policies=load-only,nope", "unknown"),
+    ("policies=load-only,prefix-aware", "prefixes"), ("policies=load-only,user-side", "user"),
+    ("policies=load-only,nope", "unknown"),
     ("paths=late@7", "unknown paths"), ("placements=hash", "unknown placements"),
     ("load=1.2", "load"), ("tails=1.2", "name=alpha"), ("user_sides=", "empty")])
 def test_bad_options_fail_clearly_before_any_work(tmp_path, capsys, setting, message):

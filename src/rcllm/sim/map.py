@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import RcllmError
 from ..routing.cost import CostModel, MethodConfig
 from ..routing.profiles import MODELS, SpeedProfile
-from ..routing.registry import REGISTRY, check_policy
+from ..routing.registry import ITEM_POLICIES, REGISTRY, check_policy
 from .map_caches import ItemCaches, serve
 from .placement import build_locality
 from .workload import SyntheticSpec, Workload, synthetic_workload
@@ -103,9 +103,10 @@ class MapSpec:
             if bad:
                 raise RcllmError(f"map: unknown {name} {bad[0]!r}; known: {', '.join(known)}")
         for p in g["policies"]:
-            if REGISTRY[check_policy(p)].reads == "prefixes":
-                raise RcllmError(f"map: {p} routes by prompt prefixes; the map's requests carry "
-                                 "none (the instruction is on every instance: it is load-only)")
+            if check_policy(p) not in ITEM_POLICIES:
+                raise RcllmError(f"map: {p} routes by what the map's requests do not carry "
+                                 f"({REGISTRY[p].reads}); it can run "
+                                 f"{', '.join(ITEM_POLICIES)}")
         if "load-only" not in g["policies"]:
             raise RcllmError("map: the policies must include load-only (the rate and the "
                              "1.3x comparison are against it)")
