@@ -75,3 +75,45 @@ def scores_and_grads():
             patch.restore()
         return scores, grads
     return run
+
+
+@pytest.fixture
+def same_scores_and_grads(scores_and_grads):
+    """Checks that two trainers (the same factors) give each draw the same scores on both paths
+    and the same LoRA gradients (`scores_and_grads`)."""
+    def check(whole, kept, draws):
+        for draw in draws:
+            want, want_g = scores_and_grads(whole, draw)
+            got, got_g = scores_and_grads(kept, draw)
+            for path in ("full", "reuse"):
+                torch.testing.assert_close(got[path], want[path], rtol=1e-5, atol=1e-5)
+            for name in want_g:
+                # the chunks' states come from a pass over other chunks: float rounding
+                # differs, so the gradients agree to a share of their scale
+                scale = float(want_g[name].abs().max())
+                torch.testing.assert_close(got_g[name], want_g[name], rtol=1e-3,
+                                           atol=1e-4 * scale + 1e-7)
+    return check
+
+
+@pytest.fixture
+def told_apart_by_the_user():
+    """(trainer, n) -> n draws of n users that show the same candidates in the same order,
+    each with another target (the overfit check: they can only be told apart through the
+    user); the trainer's stream then draws them (draw i is the i-th)."""
+    return _told_apart
+
+
+def _told_apart(trainer, n: int = 4):
+    from rcllm.finetune.data import Draw
+
+    chosen, users = {}, set()
+    for ex in trainer.stream.examples:   # distinct users, distinct targets
+        if ex.target not in chosen and ex.user_id not in users:
+            chosen[ex.target] = ex
+            users.add(ex.user_id)
+    examples = list(chosen.values())[:n]
+    cands = tuple(ex.target for ex in examples)
+    draws = [Draw(ex, cands, k) for k, ex in enumerate(examples)]
+    trainer.stream.draw = lambda i: draws[i]
+    return draws

@@ -39,22 +39,8 @@ def _draws_sharing_items(t, n: int):
     return draws
 
 
-def _check_equal(run, whole, kept, draws):
-    for draw in draws:
-        want, want_g = run(whole, draw)
-        got, got_g = run(kept, draw)
-        for path in ("full", "reuse"):
-            torch.testing.assert_close(got[path], want[path], rtol=1e-5, atol=1e-5)
-        for name in want_g:
-            # the chunks' states come from a pass over other chunks: float rounding differs,
-            # so the gradients agree to a share of their scale
-            scale = float(want_g[name].abs().max())
-            torch.testing.assert_close(got_g[name], want_g[name], rtol=1e-3,
-                                       atol=1e-4 * scale + 1e-7)
-
-
 def test_item_states_are_read_by_later_prompts_with_a_whole_passs_scores_and_grads(
-        tiny_ft_config, fav_dataset, tmp_path, scores_and_grads):
+        tiny_ft_config, fav_dataset, tmp_path, same_scores_and_grads):
     cfg = tiny_ft_config(first_layer=2, candidates=3, reuse_tail=1)
     whole = _trainer(cfg, fav_dataset, tmp_path / "w", cache_gb=0)
     kept = _trainer(cfg, fav_dataset, tmp_path / "k", cache_gb=1)
@@ -62,7 +48,7 @@ def test_item_states_are_read_by_later_prompts_with_a_whole_passs_scores_and_gra
     assert kept.scorer.items is not None and kept.scorer.items.layer == 2
     _same_adapter(whole, kept)
     draws = _draws_sharing_items(kept, 6)
-    _check_equal(scores_and_grads, whole, kept, draws)
+    same_scores_and_grads(whole, kept, draws)
     items = kept.scorer.items
     assert items.hits > 0 and items.misses == len(items.held) > 0
     assert items.ctx is not None
@@ -72,15 +58,15 @@ def test_item_states_are_read_by_later_prompts_with_a_whole_passs_scores_and_gra
     assert kept.scorer.cache.used == kept.scorer.cache.budget.used > 0
 
 
-def test_the_late_paths_item_states_are_kept_below_the_late_layer(tiny_ft_config, fav_dataset,
-                                                                   tmp_path, scores_and_grads):
+def test_the_late_paths_item_states_are_kept_below_the_late_layer(
+        tiny_ft_config, fav_dataset, tmp_path, same_scores_and_grads):
     cfg = tiny_ft_config(first_layer=2, candidates=3, reuse_select="late", late_layer=1)
     whole = _trainer(cfg, fav_dataset, tmp_path / "w", cache_gb=0)
     kept = _trainer(cfg, fav_dataset, tmp_path / "k", cache_gb=1)
     assert whole.scorer.items.budget is None          # computed per prompt, kept nowhere
     assert kept.scorer.items.layer == 1
     _same_adapter(whole, kept)
-    _check_equal(scores_and_grads, whole, kept, _draws_sharing_items(kept, 6))
+    same_scores_and_grads(whole, kept, _draws_sharing_items(kept, 6))
     assert kept.scorer.items.hits > 0 and whole.scorer.items.held == {}
 
 
@@ -102,8 +88,8 @@ def test_prompts_and_items_share_one_budget(tiny_ft_config, fav_dataset, tmp_pat
     assert small.scorer.cache.held == {} and small.scorer.cache.used <= held - 1
 
 
-def test_without_item_states_each_prompt_keeps_its_own_chunk_pass(tiny_ft_config, fav_dataset,
-                                                                  tmp_path, scores_and_grads):
+def test_without_item_states_each_prompt_keeps_its_own_chunk_pass(
+        tiny_ft_config, fav_dataset, tmp_path, same_scores_and_grads):
     """train.item_cache=false: the chunk pass runs whole the first time a prompt is scored and
     from its own captured states the next time (the former behaviour, bench's `:whole`)."""
     cfg = tiny_ft_config(first_layer=2, candidates=3, reuse_tail=1)
@@ -112,6 +98,6 @@ def test_without_item_states_each_prompt_keeps_its_own_chunk_pass(tiny_ft_config
     assert own.scorer.items is None and own.scorer.cache is not None
     _same_adapter(whole, own)
     draw = own.stream.draw(0)
-    _check_equal(scores_and_grads, whole, own, [draw, draw])
+    same_scores_and_grads(whole, own, [draw, draw])
     (main, chunk), = own.scorer.cache.held.values()
     assert main.layer == chunk.layer == 2 and own.scorer.cache.hits >= 2

@@ -43,7 +43,8 @@ def test_loss_goes_down(tiny_ft_config, fav_dataset, tmp_path, objective, path):
     assert not (tmp_path / "a" / "checkpoint").exists()  # removed once the adapter is written
 
 
-def test_joint_path_overfits_a_handful_of_prompts(tiny_ft_config, fav_dataset, tmp_path):
+def test_joint_path_overfits_a_handful_of_prompts(tiny_ft_config, fav_dataset, tmp_path,
+                                                  told_apart_by_the_user):
     """Before blaming the model: four prompts of four users that show the same candidates in
     the same order, each with another target, can only be told apart through the user; the
     joint path drives both cross-entropies from ln 4 to a fraction of it. (The tiny model's
@@ -52,21 +53,10 @@ def test_joint_path_overfits_a_handful_of_prompts(tiny_ft_config, fav_dataset, t
     before; 400 steps leave a margin. The real model's run is in docs/finetune.md.)"""
     import math
 
-    from rcllm.finetune.data import Draw
-
     cfg = tiny_ft_config(targets="all", lr=3e-3)
     cfg = dataclasses.replace(cfg, prompt=dataclasses.replace(cfg.prompt, max_review_tokens=16))
     t = _trainer(cfg, fav_dataset, tmp_path / "o")
-    chosen, users = {}, set()
-    for ex in t.stream.examples:   # distinct users, distinct targets
-        if ex.target not in chosen and ex.user_id not in users:
-            chosen[ex.target] = ex
-            users.add(ex.user_id)
-    examples = list(chosen.values())[:4]
-    cands = tuple(ex.target for ex in examples)
-    draws = [Draw(ex, cands, k) for k, ex in enumerate(examples)]
-    t.stream.draw = lambda i: draws[i]
-    rows = t.overfit(len(draws), 400)
+    rows = t.overfit(len(told_apart_by_the_user(t)), 400)
     assert rows[0]["ce_full"] > 0.9 * math.log(4) and rows[0]["ce_reuse"] > 0.9 * math.log(4)
     late = rows[-20:]
     assert min(r["ce_full"] for r in late) < 0.25 * math.log(4), late
@@ -394,5 +384,5 @@ def test_late_reuse_path_equals_the_engines_late_method(tiny_ft_config, fav_data
     torch.testing.assert_close(torch.tensor(late), want.float(), rtol=1e-4, atol=1e-4)
     for other in (naive, full):
         assert max(abs(served.scores[c] - other.scores[c]) for c in draw.candidates) > 1e-4
-    with pytest.raises(RcllmError, match="lora.first_layer"):
-        tiny_ft_config(reuse_select="late", late_layer=2)   # first_layer 0: would train below
+    with pytest.raises(RcllmError, match="late_layer=0"):
+        tiny_ft_config(reuse_select="late", late_layer=0)   # late@0 is the full path

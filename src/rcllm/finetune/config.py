@@ -75,9 +75,19 @@ class TrainConfig:
                                        "train.late_layer (the item chunks' KV from the store "
                                        "below it, every item token computed from it up)")
     late_layer: int = opt(20, "reuse_select=late: the layer s from which the reuse path "
-                              "computes every item token against the user (reuse.late_layer); "
-                              "at most lora.first_layer, so the layers below it are never "
-                              "trained and the chunk pass needs no gradient")
+                              "computes every item token against the user (reuse.late_layer). "
+                              "With lora.first_layer >= s the layers below s are never trained "
+                              "and the chunk pass needs no gradient; with lora.first_layer < s "
+                              "(DeFormer: every layer tuned, e.g. lora.first_layer=0) the "
+                              "chunk's isolated pass is trained too, from lora.first_layer up "
+                              "to s, and the engine serves the chunk KV of the merged adapter")
+    late_distill: float = opt(0.0, "joint, reuse_select=late: weight of the distillation of "
+                                   "the item tokens above the join: their K and V on the reuse "
+                                   "path matched to the full path's (no gradient) at every "
+                                   "trained layer from late_layer up, squared error over the "
+                                   "full path's squared norm, averaged over layers (what the "
+                                   "answer reads of an item; DeFormer's upper-layer "
+                                   "distillation)")
     reuse_ratio: float = opt(0.15, "reuse_select=overlap: the share of each prompt's reused "
                                    "item tokens recomputed (reuse.item_ratio)")
     reuse_fill: str = opt("order", "reuse_select=overlap: where the budget left after the "
@@ -177,8 +187,13 @@ class TrainConfig:
                 0 < self.reuse_ratio <= 1):
             raise RcllmError(f"train.reuse_select must be 'naive', 'overlap' or 'late' (got "
                              f"{self.reuse_select!r}) and train.reuse_ratio within (0, 1]")
-        if self.reuse_tail < 0 or self.match < 0 or self.hidden_match < 0:
-            raise RcllmError("train.reuse_tail, train.match and train.hidden_match must be >= 0")
+        if min(self.reuse_tail, self.match, self.hidden_match, self.late_distill) < 0:
+            raise RcllmError("train.reuse_tail, match, hidden_match and late_distill must be "
+                             ">= 0")
+        if self.late_distill and not (self.path == "joint" and self.reuse_select == "late"):
+            raise RcllmError("train.late_distill needs train.path=joint and "
+                             "train.reuse_select=late (it matches the reuse path's item K/V "
+                             "to the full path's in the same pass)")
         if not 0.0 <= self.distill <= 1.0:
             raise RcllmError(f"train.distill must be within 0..1, got {self.distill}")
         if self.distill and not (self.path == "reuse" and self.init):
@@ -218,11 +233,9 @@ class FinetuneConfig:
             raise RcllmError("model.adapter is set: fine-tuning starts from the base weights "
                              "(stacking adapters is not supported)")
         t = self.train
-        if t.reuse_select == "late" and t.path != "full" and not (
-                1 <= t.late_layer <= self.lora.first_layer):
-            raise RcllmError(f"train.late_layer={t.late_layer} must be within 1.."
-                             f"lora.first_layer ({self.lora.first_layer}): the layers below it "
-                             "are taken from the store and must not be trained")
+        if t.reuse_select == "late" and t.path != "full" and t.late_layer < 1:
+            raise RcllmError(f"train.late_layer={t.late_layer} must be >= 1 (late@0 is the "
+                             "full path)")
         if self.train.candidates > self.prompt.max_candidates:
             raise RcllmError("train.candidates exceeds prompt.max_candidates")
 
@@ -245,6 +258,8 @@ class FinetuneConfig:
                 t.pop(name)
         if not self.train.distill:
             t.pop("distill")
+        if not self.train.late_distill:   # keys of runs from before the option hold
+            t.pop("late_distill")
         if t.get("reuse_select") != "late":   # keys of runs from before the option hold
             t.pop("late_layer", None)
         else:

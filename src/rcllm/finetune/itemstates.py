@@ -2,12 +2,13 @@
 
 The reuse path takes each item chunk's KV from a pass where the chunk sees only the instruction
 and the block head (what the chunk store holds). Below the first adapted layer (LoRA from
-`lora.first_layer` on), or below the late layer of the late path, that pass's weights never
-change, and every chunk of it restarts at the same position after the same context: a chunk's
-KV there and its hidden states entering that layer are a function of its tokens alone. So they
-are computed the first time the chunk appears in any prompt, in one pass without a gradient
-over the chunks not yet held, and read in every later prompt, epoch and validation; the layers
-from there on are computed per prompt (with the graph, where they train). Exact: the same
+`lora.first_layer` on), or below the late layer of the late path when that is lower, that
+pass's weights never change, and every chunk of it restarts at the same position after the
+same context: a chunk's KV there and its hidden states entering that layer are a function of
+its tokens alone. So they are computed the first time the chunk appears in any prompt, in one
+pass without a gradient over the chunks not yet held, and read in every later prompt, epoch
+and validation; the layers from there on are computed per prompt (with the graph, where they
+train). Exact: the same
 scores and gradients as a whole chunk pass (tests/finetune/test_ft_itemstates.py).
 """
 

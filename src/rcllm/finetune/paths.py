@@ -62,10 +62,12 @@ def marks(segments) -> tuple[list[int], list[int]]:
 @dataclass
 class PathScores:
     """Per path asked for: scores [C] (yes − no log-odds) and the final-normed hidden states at
-    the answer slots [C, d] (for a hidden-state match)."""
+    the answer slots [C, d] (for a hidden-state match); `late_kv`: with `late_distill` on the
+    late path scored beside full, the item tokens' K/V mismatch above the join (`_late_kv`)."""
 
     scores: dict[str, torch.Tensor]
     hidden: dict[str, torch.Tensor]
+    late_kv: torch.Tensor | None = None
 
 
 class FrozenCache:
@@ -103,16 +105,21 @@ class PathScorer:
     below that layer (below the late layer on the late path) is a function of each chunk alone:
     `itemstates.ItemStates` keeps it per item chunk, within the same `cache_bytes`, from the
     first prompt that holds the chunk on (`item_cache`, `train.item_cache`). Exact: the scores
-    are the same."""
+    are the same.
+
+    Late path with trained layers below the join (`frozen_layer` < `late`, DeFormer-style):
+    the chunk pass runs per prompt with the graph from the first trained layer up to the join
+    and stops there; `late_distill` also returns the item tokens' K/V mismatch above it."""
 
     def __init__(self, model, pw, tail: int, frozen_layer: int = 0, cache_bytes: int = 0,
                  select: SelectionPolicy | None = None, late: int = 0,
-                 item_cache: bool = True):
-        if late and not (0 < late < model.arch.num_layers
-                         and (frozen_layer == 0 or late <= frozen_layer)):
-            raise ValueError(f"late layer {late} must be within 1..num_layers-1 and at most "
-                             f"the first trained layer ({frozen_layer})")
+                 item_cache: bool = True, late_distill: bool = False):
+        if late and not 0 < late < model.arch.num_layers:
+            raise ValueError(f"late layer {late} must be within 1..num_layers-1")
+        if late_distill and not late:
+            raise ValueError("late_distill needs the late path")
         self.model, self.pw, self.tail, self.late = model, pw, tail, late
+        self.late_distill, self.frozen_layer = late_distill, frozen_layer
         self._naive = SelectionPolicy(ReuseConfig(method="naive"))  # compute what is not given
         # the prompt pass's selection: which reused tokens it computes besides the fresh ones
         self.select = select if select is not None else self._naive
@@ -120,7 +127,10 @@ class PathScorer:
         self.cache = FrozenCache(frozen_layer, budget) if budget is not None else None
         # the isolated chunk pass below the late layer, or below the first trained one
         kept = budget if item_cache else None
-        below = late or (frozen_layer if kept is not None else 0)
+        if late:    # 0 when every layer trains: the chunk pass runs whole to the join
+            below = min(late, frozen_layer)
+        else:
+            below = frozen_layer if kept is not None else 0
         self.items = (ItemStates(model, self._chunk_context(), below, self._inputs, kept)
                       if below else None)
 
@@ -133,7 +143,7 @@ class PathScorer:
             got = self.score(user_id, history, tuple(candidates[i] for i in order), paths)
             back = torch.tensor(order).argsort()   # sorted position of each candidate
             return PathScores({p: v[back] for p, v in got.scores.items()},
-                              {p: v[back] for p, v in got.hidden.items()})
+                              {p: v[back] for p, v in got.hidden.items()}, got.late_kv)
         prompt = self.pw.prompt(RankRequest(user_id, history, candidates))
         # (item chunk, block ending) of each block: PointwisePrompt's block layout
         blocks = [(list(item.token_ids), list(tail.token_ids)) for item, tail in prompt.blocks]
@@ -157,8 +167,9 @@ class PathScorer:
         capture = self.cache.layer if self.cache is not None and got is None else None
         join: list[Frozen] = []
         if reused and self.late:
-            if main is None:    # a cached main pass starts at or above the late layer
-                join = [self._late_from_chunks(inp, blocks, reused)]
+            lo = main.layer if main is not None else 0
+            if lo < self.late:   # else the cached main pass starts with the slots joined
+                join = [self._late_from_chunks(inp, blocks, reused, lo)]
         elif reused:
             chunk = self._fill_from_chunks(inp, blocks, reused, main, chunk, capture)
         res = prefill(self.model, inp, self.select, grad=True, start=main, capture=capture,
@@ -168,8 +179,25 @@ class PathScorer:
         h = self.model.final_hidden(res.hidden_out)              # [P·C, d]
         s, _ = yes_no_score(self.model, h, self.pw.yes_id, self.pw.no_id)
         n = len(candidates)
+        late_kv = (self._late_kv(inp, ranges[:n], reused)
+                   if self.late_distill and paths == ("full", "reuse") and reused else None)
         return PathScores({p: s[i * n:(i + 1) * n] for i, p in enumerate(paths)},
-                          {p: h[i * n:(i + 1) * n] for i, p in enumerate(paths)})
+                          {p: h[i * n:(i + 1) * n] for i, p in enumerate(paths)}, late_kv)
+
+    def _late_kv(self, inp: PrefillInputs, full_ranges, reused) -> torch.Tensor:
+        """The item tokens' K and V on the reuse path against the full path's (no gradient), at
+        each trained layer from the join up: squared error over the full path's squared norm,
+        averaged over the layers and K/V. Read from the joint pass's buffers: what the answer
+        slots read of the items (their final states are never read), free of another pass."""
+        full = torch.cat([torch.arange(full_ranges[c][0], full_ranges[c][0] + e - s)
+                          for (s, e), c in reused]).to(inp.ids.device)   # the same tokens
+        mine = torch.cat([torch.arange(s, e) for (s, e), _ in reused]).to(inp.ids.device)
+        errs = []
+        for layer in range(max(self.late, self.frozen_layer), self.model.arch.num_layers):
+            for buf in (inp.k_buf, inp.v_buf):
+                want = buf[layer][:, full].detach()
+                errs.append((buf[layer][:, mine] - want).pow(2).sum() / want.pow(2).sum())
+        return torch.stack(errs).mean()
 
     def _reused_tokens(self, n: int) -> int:
         """How many of a chunk's n tokens the reuse path takes from the isolated chunk pass:
@@ -244,20 +272,34 @@ class PathScorer:
             ranges.append((where[c], len(ids)))
         return self._inputs(ids, ranges), where
 
-    def _late_from_chunks(self, inp: PrefillInputs, blocks, reused) -> Frozen:
-        """late@s: the isolated chunk pass's KV in the reused slots below layer s (the layers
-        there are never trained: s <= the first trained layer), and the slots' states entering
-        s, from which the prompt pass computes them (`prefill(join=...)`); per item chunk from
-        `self.items`."""
-        _, got = self.items.get(self._chunks(blocks, reused))
+    def _late_from_chunks(self, inp: PrefillInputs, blocks, reused, lo: int) -> Frozen:
+        """late@s: the isolated chunk pass's KV in the reused slots below layer s (from layer
+        `lo` on, where the prompt pass starts), and the slots' states entering s, from which
+        the prompt pass computes them (`prefill(join=...)`). Below the first trained layer
+        they come per item chunk from `self.items`; from there up to s (trained layers below
+        the join) the chunk pass runs in this prompt with the graph and stops at s."""
+        chunks = self._chunks(blocks, reused)
+        ctx, got = self.items.get(chunks) if self.items is not None else (None, {})
+        first = self.items.layer if self.items is not None else 0
+        if first < self.late:
+            chunk, where = self._chunk_pass_inputs(chunks)
+            start = None
+            if first:
+                h = torch.cat([ctx.h] + [got[c].h for c in chunks])   # the pass's slot order
+                start = Frozen(first, torch.arange(len(h), device=h.device), h)
+            at = prefill(self.model, chunk, self._naive, grad=True, start=start,
+                         stop=self.late).frozen                     # row i is slot i
         slots, hs = [], []
         for (s, e), c in reused:
-            for layer in range(self.late):
-                inp.k_buf[layer][:, s:e] = got[c].k[layer]
-                inp.v_buf[layer][:, s:e] = got[c].v[layer]
+            for layer in range(lo, self.late):
+                own = layer < first
+                inp.k_buf[layer][:, s:e] = (got[c].k[layer] if own else
+                                            chunk.k_buf[layer][:, where[c]:where[c] + e - s])
+                inp.v_buf[layer][:, s:e] = (got[c].v[layer] if own else
+                                            chunk.v_buf[layer][:, where[c]:where[c] + e - s])
             inp.have_kv[s:e] = True
             slots += range(s, e)
-            hs.append(got[c].h)
+            hs.append(got[c].h if first == self.late else at.h[where[c]:where[c] + e - s])
         return Frozen(self.late, torch.tensor(slots, device=self.model.device), torch.cat(hs))
 
     def _inputs(self, ids: list[int], blocks, slot_marks=None) -> PrefillInputs:

@@ -9,7 +9,8 @@ weights:
   - joint (default): every prompt is scored on the full path and on the reuse path (item
     chunks as the chunk store holds them, the last `train.reuse_tail` tokens computed in the
     prompt), on the same weights; loss = CE(full) + CE(reuse) + `train.match`·KL(full, no
-    gradient ‖ reuse) (+ `train.hidden_match`·MSE of the answer slots' hidden states). Neither
+    gradient ‖ reuse) (+ `train.hidden_match`·MSE of the answer slots' hidden states; on the
+    late path + `train.late_distill`·the item tokens' K/V mismatch above the join). Neither
     path can collapse without its own cross-entropy showing it.
   - full / reuse: one path's cross-entropy (reuse: optionally distilled from the `train.init`
     adapter's full path, `train.distill`).
@@ -109,10 +110,13 @@ class Trainer:
             pw = PointwisePrompt(self.builder, self.model.arch.max_positions)
             select = (overlap_policy(t.reuse_ratio, t.reuse_fill)
                       if t.reuse_select == "overlap" else None)
+            late = t.late_layer if t.reuse_select == "late" and t.path != "full" else 0
+            if late >= self.model.arch.num_layers:
+                raise RcllmError(f"train.late_layer={late} but the model has "
+                                 f"{self.model.arch.num_layers} layers")
             self.scorer = PathScorer(self.model, pw, t.reuse_tail, cfg.lora.first_layer,
-                                     int(t.frozen_cache_gb * 2**30), select,
-                                     t.late_layer if t.reuse_select == "late" else 0,
-                                     t.item_cache)
+                                     int(t.frozen_cache_gb * 2**30), select, late,
+                                     t.item_cache, t.late_distill > 0)
 
     @property
     def total_steps(self) -> int:
@@ -192,6 +196,9 @@ class Trainer:
                 hid = (out.hidden["reuse"] - out.hidden["full"].detach()).pow(2).mean()
                 loss = loss + t.hidden_match * hid
                 stats["hidden_mse"] = float(hid.detach())
+            if out.late_kv is not None:     # train.late_distill: the items' K/V above the join
+                loss = loss + t.late_distill * out.late_kv
+                stats["late_kv"] = float(out.late_kv.detach())
         elif teacher is not None:  # distill: (1 − d)·CE + d·KL(teacher ‖ reuse path)
             d = t.distill
             kl = F.kl_div(F.log_softmax(out.scores["reuse"], -1),

@@ -165,8 +165,6 @@ def continue_exact(model: Transformer, k: torch.Tensor, v: torch.Tensor,
     prefix k/v [L, H_kv, N, D] (keys pre-RoPE), each block seeing the prefix and itself only:
     each block's last slot [C, d], or with every_slot all block slots [sum, d]. The prefix is
     not modified. One pass of the selective prefill with nothing to select."""
-    from .selection import SelectionPolicy
-
     inp = _after_exact(model, k, v, blocks, every_slot)
     return prefill(model, inp, SelectionPolicy(None), grad=grad).hidden_out
 
@@ -180,8 +178,6 @@ def blocks_kv(model: Transformer, k: torch.Tensor, v: torch.Tensor,
     block in one pass of the selective prefill, so the weights are read once for all of them.
     With `states_at`, the same pass also appends to `states` each block's hidden states
     entering that layer ([len(block), d]: what the `late` method starts from)."""
-    from .selection import SelectionPolicy
-
     inp = _after_exact(model, k, v, blocks, False)
     res = prefill(model, inp, SelectionPolicy(None), capture=states_at)
     out, at = [], k.shape[2]
@@ -252,30 +248,32 @@ class Frozen:
 
 def prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
             grad: bool = False, start: Frozen | None = None,
-            capture: int | None = None, join: Sequence[Frozen] = ()) -> PrefillResult:
+            capture: int | None = None, join: Sequence[Frozen] = (),
+            stop: int | None = None) -> PrefillResult:
     """Runs the selective prefill; mutates inp.k_buf/v_buf into the prompt's final KV.
 
     grad=True keeps the autograd graph (fine-tuning); k_buf / v_buf may then be per-layer
     lists, so that writing one layer's KV never invalidates a tensor an earlier layer saved.
     `start` / `capture` (probe-free policies only, layer >= 1): see `Frozen`; the captured
-    states come back in `PrefillResult.frozen`.
+    states come back in `PrefillResult.frozen`. `stop` (probe-free): only the layers below it
+    run; `frozen` holds the states entering it, graph kept, and no output slot is read.
     `join` (probe-free policies only): reused slots that are computed from a layer on — the
     late interaction of `late_joint`: each `Frozen(layer, idx, h)` adds the slots idx, with
     their states h entering that layer (from the pass that built their KV), to the computed
     slots from `layer` up; below it they keep the KV the buffers hold.
     """
-    if (start is not None or capture is not None or join) and policy.needs_probe:
-        raise ValueError("start/capture/join need a policy without a probe (its slots never "
-                         "change)")
-    for layer in (start.layer if start is not None else None, capture):
+    if (start is not None or capture is not None or stop or join) and policy.needs_probe:
+        raise ValueError("start/capture/stop/join need a policy without a probe (its slots "
+                         "never change)")
+    for layer in (start.layer if start is not None else None, capture, stop):
         if layer is not None and not 1 <= layer < model.arch.num_layers:
-            raise ValueError(f"start/capture layer {layer} is not within 1..num_layers-1")
+            raise ValueError(f"start/capture/stop layer {layer} is not within 1..num_layers-1")
     for j in join:
         if not 1 <= j.layer < model.arch.num_layers or not bool(inp.have_kv[j.idx].all()):
             raise ValueError(f"join layer {j.layer} must be within 1..num_layers-1 and its "
                              "slots must hold reused KV")
     with nullcontext() if grad else torch.inference_mode():
-        return _prefill(model, inp, policy, start, capture, join)
+        return _prefill(model, inp, policy, start, capture, join, stop)
 
 
 @dataclass
@@ -343,7 +341,7 @@ def _joined(idx: torch.Tensor, h: torch.Tensor, j: Frozen) -> tuple[torch.Tensor
 
 def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
              start: Frozen | None = None, capture: int | None = None,
-             join: Sequence[Frozen] = ()) -> PrefillResult:
+             join: Sequence[Frozen] = (), stop: int | None = None) -> PrefillResult:
     t0 = time.perf_counter()
     n = inp.ids.shape[0]
     if n == 0:
@@ -365,7 +363,7 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
     plan = layout.plan(idx)
     t1 = time.perf_counter()
     counts, frozen = [], None
-    for layer in range(first, a.num_layers):
+    for layer in range(first, stop or a.num_layers):
         for j in join:
             if j.layer == layer:
                 idx, h = _joined(idx, h, j)
@@ -380,6 +378,10 @@ def _prefill(model: Transformer, inp: PrefillInputs, policy: SelectionPolicy,
         h = _layer(model, layer, h, idx, inp, plan, st.qkv1 if layer == 1 else None)
         flops += _layer_flops(model, layout, idx)
         counts.append(len(idx))
+    if stop is not None:   # the states entering `stop`, graph kept; nothing read out
+        return PrefillResult(h[:0], computed, int(st.layer0.sum()), flops,
+                             _full_flops(model, layout, inp.head_rows),
+                             layer_tokens=tuple(counts), frozen=Frozen(stop, idx, h))
     flops += _head_flops(model, layout, inp.head_rows)
     rows = torch.searchsorted(idx, layout.outputs)
     t2 = time.perf_counter()
