@@ -26,6 +26,7 @@ Score ties go to the lower outstanding work, then the lower index; load-only rot
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 import numpy as np
@@ -138,7 +139,7 @@ class CostBased:
         return int(np.argmin(ttft))
 
 
-class _HeldUnlessQueued:
+class _HeldUnlessQueued(ABC):
     """Where the most of what the request reuses is held (`held`: tokens per instance), unless
     that instance's queue holds more than `max_extra_requests` beyond the shortest; then, or
     where no instance holds any, by load (`LoadOnly`, its ties rotating). Ties between equal
@@ -154,8 +155,9 @@ class _HeldUnlessQueued:
         self.max_extra_requests = max_extra_requests
         self._load = LoadOnly()
 
+    @abstractmethod
     def held(self, request: RoutingRequest, cluster: ClusterView) -> np.ndarray:
-        raise NotImplementedError
+        """Per instance, how much of the request it holds (0: nothing)."""
 
     def choose(self, request: RoutingRequest, cluster: ClusterView) -> int:
         matched = self.held(request, cluster)
