@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
-from rcllm.config import RcllmConfig  # noqa: E402
+from rcllm.config import METHOD_ALIASES, RcllmConfig  # noqa: E402
 from rcllm.engine import Engine  # noqa: E402
 from rcllm.serve.app import create_app  # noqa: E402
 from rcllm.serve.local import LocalBackend  # noqa: E402
@@ -61,9 +61,16 @@ def test_generated_requests_get_no_5xx(api_schema):
 def real_id_schema(schema: dict, item_ids: list[str], limits: ServeSettings) -> dict:
     """The served schema narrowed to what this deployment accepts: candidate and history ids
     drawn from the catalog, distinct candidates within --max-candidates, history within
-    --max-history, short reviews (the prompt stays within the tiny model's context)."""
+    --max-history, short reviews (the prompt stays within the tiny model's context), and no
+    method the listwise deployment refuses (an alias such as exact-user needs the pointwise
+    scorer)."""
     out = copy.deepcopy(schema)
     parts = out["components"]["schemas"]
+    method = parts["RankIn"]["properties"]["method"]
+    enums = [s for s in method.get("anyOf", [method]) if "enum" in s]
+    assert enums, method   # the schema still lists the methods
+    for s in enums:
+        s["enum"] = [m for m in s["enum"] if m not in METHOD_ALIASES]
     cands = parts["RankIn"]["properties"]["candidates"]
     cands["items"] = {"type": "string", "enum": item_ids}
     cands.update(uniqueItems=True, maxItems=limits.max_candidates)
