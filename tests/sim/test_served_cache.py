@@ -135,11 +135,12 @@ def test_measured_service_cannot_go_with_simulated_caches():
 
 
 def test_a_cell_routed_by_a_picture_the_replay_lacks_is_refused_before_simulating():
-    """prefix-aware reads the prompt prefixes, which the simulated stores do not keep: the
-    whole sweep is refused, naming the policy and the routings that can predict it."""
-    cells = [_cell("affinity", [_row(["a"])]), _cell("prefix-aware", [_row(["b"])])]
+    """A policy the replay keeps no picture for (here one no registry knows) refuses the whole
+    sweep, naming the policy and the routings that can predict it; prefix-aware is simulated
+    (tests/sim/test_replay_prefix.py)."""
+    cells = [_cell("affinity", [_row(["a"])]), _cell("made-up", [_row(["b"])])]
     sweep = _sweep([["a"], ["b"]], {"a": 10, "b": 10}, cells)
-    with pytest.raises(RcllmError, match="prefix-aware.*--routing replay or policy"):
+    with pytest.raises(RcllmError, match="made-up.*--routing replay or policy"):
         _predict(sweep)
     # the same sweep without that cell is simulated
     rows, _ = _predict({**sweep, "cells": cells[:1]})

@@ -367,7 +367,10 @@ def _hit_fields(c: dict[str, Any], hits: dict | None) -> dict[str, Any]:
             "measured_item_token_hit_ratio": meas["item_token_hit_ratio"],
             "predicted_item_token_hit_ratio": hits.get("item_token_hit_ratio"),
             "measured_kv_imported_items": meas["kv_imported_items"],
-            "predicted_kv_imported_items": hits.get("kv_imported_items")}
+            "predicted_kv_imported_items": hits.get("kv_imported_items"),
+            # the prefix cache's and the user sides' (sim/served_pictures.py)
+            **{f"{w}_{k}": src.get(k) for k in ("prefix_hit_ratio", "user_prefix_hit_ratio")
+               for w, src in (("measured", meas), ("predicted", hits))}}
 
 
 def _errors(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,31 +28,40 @@ Model, per instance (a sweep without a shared tier; one with Redis is refused):
   transfer at the profile's network bandwidth. When the chosen instance starts the request
   it waits for a late import at most what the import saves (recompute minus fetch); beyond
   that the items are not stored there and count as misses (`serve/instance._import`).
+- the prefix and user-side pictures (`served_pictures.Pictures`): the router's prefix index,
+  which prefix-aware reads and the full and prefix methods' answers fill, and the cell's user
+  sides, which user-side (and any policy of a pointwise deployment) reads, a relay's prewarms
+  and the rankings of the methods that read the user side fill.
 - service: the fitted profile's price of the tokens computed, from the row's context, item and
   history tokens and the simulated hits: a hit's tokens are recomputed at the method's ratio,
-  a miss's all; a missed chunk is built behind the answer (one job per chunk), and a hit or
-  a built chunk is the most recent in its store once the answer is out. The event loop, the
+  a miss's all; full computes every token and looks nothing up; prefix looks up no chunk and
+  computes all but the prefix cache's exact tokens (the instruction and the held chain);
+  exact-user all but its user side where it is held (else all but the prefix cache's), its
+  items never looked up and its history chunks only on a miss (priced as computed: late@0).
+  A missed chunk is built behind the answer (one job per chunk), and a hit or a built chunk
+  is the most recent in its store once the answer is out. The event loop, the
   core sharing and the busy slowdown are `served_cluster.ServedCluster`'s.
 
-What it leaves out: the engine's chunk look-up order within a request; Ray's queueing.
+What it leaves out: the engine's chunk look-up order within a request; Ray's queueing; the
+user-side hits of the reuse methods (rcllm and the like: priced by their chunks as before);
+the prewarms' engine time.
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..routing import ClusterView, CostModel, MethodConfig, SetLocality, routing_policy
+from ..config import REUSE_METHODS
+from ..routing import ClusterView, CostModel, MethodConfig, routing_policy
 from ..routing.balance import import_saving_ms
-from ..errors import RcllmError
 from ..routing.profiles import SpeedProfile, load_profile
-from ..routing.registry import ITEM_POLICIES
-from ..routing.requests import routing_request
 from .served_cluster import ServedCluster
+from .served_pictures import Exact, Pictures, check_policies, exact_figures, prewarm_times
 from .served_stores import ClusterCaches, Look
 from .slowdown import slowdown_of
 
@@ -88,7 +97,9 @@ class CellSetup:
     build: Callable[[int], float]                      # chunk tokens -> ms behind the answer
     ratios: tuple[float, float]
     tag: str
+    pictures: Pictures
     imports: bool = True
+    prewarms: list = field(default_factory=list)    # a relay's: (send ms, its ranking's row)
 
 
 class CachedCluster(ServedCluster):
@@ -111,25 +122,40 @@ class CachedCluster(ServedCluster):
         self.bchunks: list[list] = [[] for _ in range(self.k)]
         self.out_ms = np.zeros(self.k)
         self.depth = np.zeros(self.k, dtype=np.int64)
+        self.pics = setup.pictures
+        self.prewarms = deque(setup.prewarms)           # (send ms, row) of a relay's prewarms
+        self.reqs: list = [None] * len(jobs)            # each request as the router saw it
+        self.exacts: list[Exact] = [Exact() for _ in jobs]
+
+    def _route(self, row: Mapping[str, Any], req) -> tuple[int, ClusterView]:
+        """The policy's choice for `req` (of `row`) on the router's picture now."""
+        view = self.pics.view(row, self.caches.views, self.setup.cost.profile, self.t)
+        view.outstanding_ms[:] = self.out_ms
+        view.queue_depth[:] = self.depth
+        return int(self.setup.policy.choose(req, view)), view
+
+    def _prewarm(self) -> None:
+        """A relay's prewarms sent by now, each routed over the user side alone and noted
+        where it went (`serve/router.prewarm`; its engine time is not simulated)."""
+        while self.prewarms and self.prewarms[0][0] <= self.t:
+            _at, row = self.prewarms.popleft()
+            d, _view = self._route(row, self.pics.request(row, candidates=False))
+            self.pics.note(row, d, self.t)
 
     def destination(self, own: bool, policy: str) -> int:
         j, s = self.nxt, self.setup
         row = self.rows[j]
-        req = routing_request({"user_id": row.get("user"), "candidates": row.get("items") or [],
-                               "history": row.get("history_items") or []},
-                              self.caches.tokens)
-        view = ClusterView(SetLocality(self.caches.views),
-                           s.cost.profile)
-        view.outstanding_ms[:] = self.out_ms
-        view.queue_depth[:] = self.depth
-        d = int(s.policy.choose(req, view))
+        self._prewarm()
+        self.reqs[j] = req = self.pics.request(row)
+        d, view = self._route(row, req)
         local = float(view.locality.local_tokens(req.items, req.item_tokens)[d])
         self.est[j] = float(s.cost.service_ms(s.cost.work(req.shape, local)))
         self.out_ms[d] += self.est[j]
         self.depth[d] += 1
         self.ready[j] = self.t
         saving = import_saving_ms(s.fetch_cost, req.shape, local, self.est[j])
-        if s.imports and saving > 0:
+        # the router plans imports for the methods that reuse item KV (`serve/imports`)
+        if s.imports and saving > 0 and (row.get("method") or "rcllm") in REUSE_METHODS:
             self.moves[j] = self.caches.import_for(row, d)
             self.import_budget[j] = saving
             for o, pairs in self.moves[j].items():
@@ -155,14 +181,10 @@ class CachedCluster(ServedCluster):
             j = self.queues[d][0]
             row, s = self.rows[j], self.setup
             waited = self._imports_in(j, d)
-            look = self.caches.look_up(row, d, s.tag)
-            items = float(row.get("item_tokens") or 0)
-            hist = float(row.get("history_tokens") or 0)
-            # the row's prompt tokens; a hit's share of them reused, the rest computed
-            ih = items * look.item_hit_tokens / max(look.item_tokens, 1e-9)
-            hh = min(hist, look.history_hit_tokens)
+            self.exacts[j] = exact = self.pics.exact(row, self.reqs[j], d, self.t)
+            look = self.caches.look_up(looked_up(row, exact), d, s.tag)
+            computed = self._computed(row, look, exact)
             ctx = float(row.get("context_tokens") or 0)
-            computed = ctx - (1 - s.ratios[0]) * ih - (1 - s.ratios[1]) * hh
             arr, _svc, _d, _b, f = self.jobs[j]
             svc = s.price(row.get("method") or "rcllm", computed, ctx) + waited
             # the misses are built behind the answer, one job per chunk kind (the engine builds
@@ -175,6 +197,21 @@ class CachedCluster(ServedCluster):
             look.imported = self.imported[j]
             self.looks[j] = look
         super().start(d)
+
+    def _computed(self, row: Mapping[str, Any], look: Look, exact: Exact) -> float:
+        """The tokens the row's request computes given what it found."""
+        ctx, s = float(row.get("context_tokens") or 0), self.setup
+        method = row.get("method") or "rcllm"
+        if method == "full":
+            return ctx
+        if method not in REUSE_METHODS:       # prefix, exact-user: all but the exact part
+            return max(1.0, ctx - exact.reused)
+        items = float(row.get("item_tokens") or 0)
+        hist = float(row.get("history_tokens") or 0)
+        # the row's prompt tokens; a hit's share of them reused, the rest computed
+        ih = items * look.item_hit_tokens / max(look.item_tokens, 1e-9)
+        hh = min(hist, look.history_hit_tokens)
+        return ctx - (1 - s.ratios[0]) * ih - (1 - s.ratios[1]) * hh
 
     def start_behind(self, d: int) -> None:
         if not self.building[d] and self.behind[d]:
@@ -193,6 +230,7 @@ class CachedCluster(ServedCluster):
                 else:           # no builder modelled: built as the answer leaves
                     self.caches.put_chunks(d, self.looks[j].built)
                 self.caches.answered(d, self.rows[j])
+                self.pics.answered(self.rows[j], self.reqs[j], d, self.t)
                 self.out_ms[d] -= self.est[j]
                 self.depth[d] -= 1
         super().complete(run, brun)
@@ -201,9 +239,10 @@ class CachedCluster(ServedCluster):
 def simulate_cached_cell(arrivals_s: list[float], rows: list[dict], caches: ClusterCaches,
                          setup: CellSetup, busy_slowdown: float | Mapping[str, float] = 1.0,
                          cores: float | None = None, builder_weight: float = 1.0
-                         ) -> tuple[np.ndarray, np.ndarray, list[Look]]:
-    """Predicted TTFT (ms) and service (ms) of a cell's answered requests and what each found,
-    the stores carried on from the cell before."""
+                         ) -> tuple[np.ndarray, np.ndarray, list[Look], list[Exact]]:
+    """Predicted TTFT (ms) and service (ms) of a cell's answered requests and what each found
+    in the chunk stores and before them (prefix cache, user side), the stores and the prefix
+    picture carried on from the cell before."""
     pairs = [(a, r) for a, r in zip(arrivals_s, rows) if r["status"] == 200]
     jobs = [(a * 1e3, 0.0, 0, [], slowdown_of(busy_slowdown, r.get("method") or "rcllm"))
             for a, r in pairs]
@@ -216,7 +255,19 @@ def simulate_cached_cell(arrivals_s: list[float], rows: list[dict], caches: Clus
         if t_next <= sim.t and sim.nxt < len(jobs):
             sim.arrive(sim.destination(True, setup.policy.name))
     ttft = np.array([sim.done[i] - jobs[i][0] for i in range(len(jobs))])
-    return ttft, np.array([sim.jobs[i][1] for i in range(len(jobs))]), list(sim.looks)
+    return (ttft, np.array([sim.jobs[i][1] for i in range(len(jobs))]), list(sim.looks),
+            list(sim.exacts))
+
+
+def looked_up(row: Mapping[str, Any], exact: Exact) -> Mapping[str, Any]:
+    """The part of `row` whose chunks the engine looks up (`engine/lookups.chunk_matches`):
+    all with a method that reuses chunk KV; none with full or prefix; exact-user (late@0)
+    no item, and its history only where its user side missed."""
+    method = row.get("method") or "rcllm"
+    if method in REUSE_METHODS:
+        return row
+    hist = row.get("history_items") if exact.user_side == "miss" else []
+    return {**row, "items": [], "history_items": hist or []}
 
 
 def hit_figures(looks: list[Look]) -> dict[str, float | None]:
@@ -237,20 +288,15 @@ def measured_hits(cell: Mapping[str, Any]) -> dict[str, float | None]:
     return {"chunk_hit_ratio": cell.get("chunk_hit_ratio"),
             "item_token_hit_ratio": (1 - sum(r.get("item_miss_tokens", 0) for r in ok) / items
                                      if items else None),
-            "kv_imported_items": cell.get("kv_imported_items")}
+            "kv_imported_items": cell.get("kv_imported_items"),
+            **{k: cell.get(k) for k in ("prefix_hit_ratio", "prefix_hit_requests",
+                                        "user_prefix_hit_ratio", "user_prefix_append_ratio")}}
 
 
 def check_simulable(sweep: Mapping[str, Any]) -> None:
-    """RcllmError, before anything is simulated, when a cell's policy reads more than item KV
-    and load (`registry.ITEM_POLICIES`): the replay's stores keep no picture of the prompt
-    prefixes (prefix-aware) or the user sides, so it cannot route as that policy did."""
-    bad = sorted({str(c.get("policy")) for c in sweep["cells"]
-                  if c.get("policy") not in ITEM_POLICIES})
-    if bad:
-        raise RcllmError(f"--routing caches simulates the policies that read item KV and load "
-                         f"({', '.join(ITEM_POLICIES)}); this sweep has cells routed by "
-                         f"{', '.join(bad)}, whose picture the replay does not keep: predict it "
-                         "with --routing replay or policy")
+    """RcllmError, before anything is simulated, when a cell's policy reads a picture the
+    replay does not keep (`served_pictures.SIMULABLE_READS`; an unknown policy too)."""
+    check_policies([str(c.get("policy")) for c in sweep["cells"]])
 
 
 class CacheReplay:
@@ -270,6 +316,10 @@ class CacheReplay:
         self.cost = CostModel(self.router, MethodConfig())
         self.w_idle = None if w_idle is None else float(w_idle)
         self.fetch_cost = CostModel(self.router, MethodConfig(remote_items="fetch"))
+        # the router's prefix index and user sides (one index for the whole sweep, as served)
+        self.pictures = Pictures(sweep, self.router.model.kv_bytes_per_token,
+                                 len(self.caches.stores), self.caches.tokens)
+        self.pictures.check([str(c.get("policy")) for c in sweep["cells"]])
         self.day = 0
 
     def cell(self, c: Mapping[str, Any], scale: float = 1.0,
@@ -277,15 +327,20 @@ class CacheReplay:
              builder_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray, dict]:
         """The next cell: predicted TTFT and service (ms), and its hit figures."""
         self.day += 1                # the sweep redates its trace by a day per cell
+        self.pictures.new_cell(f"day{self.day}")
         setup = CellSetup(routing_policy(c["policy"], self.cost, w_idle=self.w_idle),
                           self.cost, self.fetch_cost,
                           lambda m, n, ctx: scale * self.price(m, n, ctx),
                           lambda n: scale * self.build(n), series_ratios(self.sweep, c),
-                          f"day{self.day}",
+                          f"day{self.day}", self.pictures,
                           # `sim sweep --no-imports`: what the cells would do without them;
                           # a sweep served with `--no-imports` had none
                           imports=not ((self.sweep.get("what_if") or {}).get("no_imports")
-                                       or (self.sweep.get("config") or {}).get("no_imports")))
-        ttft, svc, looks = simulate_cached_cell(c["arrivals_s"], c["requests"], self.caches,
-                                                setup, busy_slowdown, cores, builder_weight)
-        return ttft, svc, hit_figures(looks)
+                                       or (self.sweep.get("config") or {}).get("no_imports")),
+                          prewarms=prewarm_times(c))
+        ttft, svc, looks, exacts = simulate_cached_cell(c["arrivals_s"], c["requests"],
+                                                        self.caches, setup, busy_slowdown,
+                                                        cores, builder_weight)
+        ok = [r for r in c["requests"] if r["status"] == 200]
+        return ttft, svc, {**hit_figures(looks),
+                           **exact_figures(exacts, ok, self.pictures.instruction)}
