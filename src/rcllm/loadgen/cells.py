@@ -29,7 +29,7 @@ TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429",
          "chunk_hit_ratio", "item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms",
          "user_prefix_hit_ratio", "user_prefix_append_ratio", "prefix_hit_ratio",
          "prefix_hit_requests", "prewarms", "prewarm_errors", "prewarm_engine_ms",
-         "goodput_per_engine_s", "per_instance", "held_items",
+         "goodput_per_engine_s", "served_ndcg10", "per_instance", "held_items",
          "tier_items")
 
 
@@ -91,7 +91,7 @@ def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
             "slo_attainment": within / max(1, len(rows)),
             "chunk_hit_ratio": sum(r["hits"] for r in ok) / max(1, sum(r["lookups"] for r in ok)),
             **miss_metrics(ok), **prefix_metrics(ok, instruction_tokens),
-            **relay_metrics(ok, prewarms or [], within),
+            **relay_metrics(ok, prewarms or [], within), **served_quality(ok),
             "user_prefix_hit_ratio": (sum(u == "hit" for u in up) / len(up)) if up else None,
             # a returning user's history has grown by the last review: at best an append
             "user_prefix_append_ratio": (sum(u == "append" for u in up) / len(up)) if up
@@ -122,6 +122,31 @@ def miss_metrics(ok: list[dict]) -> dict:
             "miss_cost_share": float(cost.sum() / engine_ms) if len(cost) and engine_ms > 0
             else None}
 
+
+
+def served_gain(top10: list[str], target: str) -> float:
+    """NDCG@10 of one ranking with one relevant item: 1 / log2(position + 2) in its top ten."""
+    return 1.0 / float(np.log2(top10.index(target) + 2)) if target in top10[:10] else 0.0
+
+
+def served_quality(ok: list[dict]) -> dict:
+    """What was served, scored: `served_ndcg10` and `served_hr10`, each answered ranking's top
+    ten (`top10`) against the trace's reviewed item (`target`, set by the sweep), with a 90%
+    bootstrap interval of the NDCG's mean (`served_ndcg10_ci90`) over `served_n` rankings. The
+    series of one sweep serve the same trace, so two cells at one rate compare request by
+    request. None where the rows do not say (a sweep recorded before these fields)."""
+    rows = [r for r in ok if r.get("target") is not None and "top10" in r]
+    if not rows:
+        return {"served_ndcg10": None, "served_ndcg10_ci90": None, "served_hr10": None,
+                "served_n": 0}
+    gains = np.array([served_gain(r["top10"], r["target"]) for r in rows])
+    idx = np.random.default_rng(0).integers(0, len(gains), size=(1000, len(gains)))
+    means = gains[idx].mean(axis=1)
+    return {"served_ndcg10": float(gains.mean()),
+            "served_ndcg10_ci90": [float(np.percentile(means, 5)),
+                                   float(np.percentile(means, 95))],
+            "served_hr10": float(np.mean([r["target"] in r["top10"][:10] for r in rows])),
+            "served_n": len(rows)}
 
 
 def prefix_metrics(ok: list[dict], instruction_tokens: int | None) -> dict:

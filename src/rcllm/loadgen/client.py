@@ -50,6 +50,8 @@ async def _one(client: httpx.AsyncClient, body: dict) -> dict[str, Any]:
                    context_tokens=st.get("tokens", 0), prefix_tokens=st.get("prefix_tokens", 0),
                    recomputed_tokens=st.get("recomputed_tokens", 0),
                    behind_tokens=st.get("behind_tokens", []),
+                   # what was served: the top ten, scored against the trace's reviewed item
+                   top10=[str(i) for i in (js.get("ranking") or [])[:10]],
                    **{k: st[k] for k in ("build_ms", "assemble_ms", "prefill_ms",
                                          "thread_cpu_ms", "run_wait_ms", "after_ms",
                                          "import_wait_ms", "import_ms", "imports_late",

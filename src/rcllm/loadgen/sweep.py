@@ -119,6 +119,8 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
                    relay_lead_s=s.relay_lead_s)
     drained = wait_until_stored(backend.store_stats)
     price_misses(res["requests"], backend.cost)
+    for row, target in zip(res["requests"], trace.targets):   # request order
+        row["target"] = target
     cell = {"rate_rps": rate, "rate_label": f"{value:g}x" if rel else f"{value:g}",
             "series": f"{s.name} @ {s.policy}", "method": s.name, "policy": s.policy,
             "roles": list(s.roles), "relay_lead_s": s.relay_lead_s,
@@ -139,6 +141,8 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
           f"{cell['ttft_p50_ms']:.0f}/{cell['ttft_p99_ms']:.0f} ms, "
           f"{cell['ok']}/{cell['sent']} ok, {cell['rejected_429']} x 429, "
           f"{cell['errors_5xx']} x 5xx, {cell['lost']} lost"
+          + (f", served NDCG@10 {cell['served_ndcg10']:.3f}"
+             if cell["served_ndcg10"] is not None else "")
           + (f", {cell['prewarms']} prewarms ({cell['prewarm_errors']} failed)"
              if s.relay_lead_s is not None else "") + "; load average "
           f"{load_before:.1f}", flush=True)

@@ -25,6 +25,7 @@ from ..errors import RcllmError, read_json_file
 from ..routing.policies import Affinity, CostBased, HitOnly, LoadOnly
 from ..routing.registry import in_role
 from .cells import cell_metrics
+from .peers import format_peer, meets, peer_headline
 
 BASELINE = "prefix"
 P99_TARGET = 1.5
@@ -35,11 +36,6 @@ PEERS = ("full", BASELINE, *METHOD_ALIASES)
 AFFINITY, COST, RIVALS = Affinity.name, CostBased.name, (HitOnly.name, LoadOnly.name)
 
 
-def _meets(cell: dict, slo_ms: float) -> bool:
-    return (cell["ok"] > 0 and cell["rejected_429"] == 0 and cell["lost"] == 0
-            and cell["errors_5xx"] == 0 and cell["ttft_p99_ms"] <= slo_ms)
-
-
 def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
     """The verdict of the module docstring for `cells` (their `goodput_rps` at `slo_ms`)."""
     own = {}                                    # method series on its own policy: rate → cell
@@ -47,7 +43,7 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
         if in_role(c, "method"):
             own.setdefault(c["method"], {})[c["rate_rps"]] = c
     base = own.get(BASELINE, {})
-    meeting = [r for r, c in base.items() if _meets(c, slo_ms)]
+    meeting = [r for r, c in base.items() if meets(c, slo_ms)]
     at = max(meeting) if meeting else None
     p99 = {}
     if at is not None:
@@ -78,7 +74,9 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
     return {"slo_ms": slo_ms, "baseline": BASELINE, "baseline_meets_slo_at_rps": at,
             "p99_lower_than_baseline": p99, "p99_target": P99_TARGET,
             "goodput_at_slo_rps": goodput, "goodput_vs_baseline": ratio,
-            "goodput_target": GOODPUT_TARGET, "policies_at_top_rates": policies}
+            "goodput_target": GOODPUT_TARGET, "policies_at_top_rates": policies,
+            # the headline at parity: every fast path against the stronger exact peer
+            "vs_strongest_peer": peer_headline(own, slo_ms)}
 
 
 def _lowest(ps: dict, policy: str) -> bool | None:
@@ -105,6 +103,8 @@ def format_targets(t: dict) -> str:
         r = t["goodput_vs_baseline"].get(name)
         ratio = "" if r is None else f" x{r:.2f}"
         lines.append(f"    {name}: {g:.3f}{ratio}" + _verdict(name, r, t["goodput_target"]))
+    if "vs_strongest_peer" in t:
+        lines += format_peer(t["vs_strongest_peer"])
     for p in t["policies_at_top_rates"]:
         vals = ", ".join(f"{k} {v:.0f}" for k, v in sorted(p["p99_ms"].items()))
         line = (f"  routing at {p['rate_rps']:.3f} rps, P99 ms: {vals}; {AFFINITY} lowest "

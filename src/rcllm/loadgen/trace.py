@@ -67,6 +67,7 @@ class Trace:
     retrieval_recall: float     # share of requests whose reviewed item the retriever found
     window: str = "tail"        # how the events were chosen (module docstring)
     session_gap_s: float = 0.0  # > 0: one request per visit (module docstring)
+    targets: tuple[str, ...] = ()   # each request's reviewed item (what it is scored on)
 
     def arrivals_s(self, rate: float) -> np.ndarray:
         """Arrival times (s from the first) compressed so that the mean rate is `rate`."""
@@ -221,7 +222,7 @@ def review_trace(ds: Dataset, n: int, num_candidates: int = 20, history_window: 
                          "previous one: no visit makes a request")
     start = window_start([e[1] for e in events], np.array([e[0] for e in events]), n, window)
     retriever = ItemKnnRetriever(ds)
-    bodies, times, users, found = [], [], [], []
+    bodies, times, users, found, targets = [], [], [], [], []
     for t, user, k in events[start:start + n]:
         body, hit = _body(ds, retriever, user, k, num_candidates, history_window,
                           [seed, k, len(users)])
@@ -231,7 +232,8 @@ def review_trace(ds: Dataset, n: int, num_candidates: int = 20, history_window: 
         times.append(t)
         users.append(str(user))
         found.append(hit)
+        targets.append(str(ds.users[user][k].item_id))
     if not bodies:
         raise RcllmError("no request of the trace has two candidates")
     return Trace(bodies, np.asarray(times), users, float(np.mean(found)), window,
-                 float(max(0.0, session_gap_s)))
+                 float(max(0.0, session_gap_s)), tuple(targets))
