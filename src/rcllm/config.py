@@ -32,6 +32,11 @@ PROMPT_VERSION = 2
 # the pointwise block's fixed ending after the item chunk (`prompt.block_ending`)
 BLOCK_ENDINGS = {"answer": "? Answer:", "mark": "?"}
 REUSE_METHODS = ("naive", "cacheblend", "epic", "rcllm", "late")  # methods that reuse chunk KV
+# the methods that read the user side from the user-prefix cache (pointwise scorer): the reuse
+# methods, exact-user, and an adapter's fast path; full and prefix compute it in every request
+USER_SIDE_METHODS = (*REUSE_METHODS, *METHOD_ALIASES, "adapter")
+# the methods whose exact prompts an engine inserts into its prefix cache (Engine._after)
+PREFIX_INSERTING = ("full", "prefix")
 USER_SIDES = ("reuse", "exact", "behind")  # reuse.user_side
 
 

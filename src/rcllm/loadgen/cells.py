@@ -49,6 +49,15 @@ def bootstrap_interval(xs: np.ndarray, q: float, level: float = 0.9, draws: int 
     return [float(np.percentile(stats, lo)), float(np.percentile(stats, 100 - lo))]
 
 
+def mean_interval(xs: np.ndarray, level: float = 0.9, draws: int = 1000,
+                  seed: int = 0) -> list[float]:
+    """Percentile-bootstrap interval of the mean of `xs`."""
+    idx = np.random.default_rng(seed).integers(0, len(xs), size=(draws, len(xs)))
+    lo = (1 - level) / 2 * 100
+    means = xs[idx].mean(axis=1)
+    return [float(np.percentile(means, lo)), float(np.percentile(means, 100 - lo))]
+
+
 def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
                  instruction_tokens: int | None = None,
                  prewarms: list[dict] | None = None) -> dict:
@@ -140,11 +149,7 @@ def served_quality(ok: list[dict]) -> dict:
         return {"served_ndcg10": None, "served_ndcg10_ci90": None, "served_hr10": None,
                 "served_n": 0}
     gains = np.array([served_gain(r["top10"], r["target"]) for r in rows])
-    idx = np.random.default_rng(0).integers(0, len(gains), size=(1000, len(gains)))
-    means = gains[idx].mean(axis=1)
-    return {"served_ndcg10": float(gains.mean()),
-            "served_ndcg10_ci90": [float(np.percentile(means, 5)),
-                                   float(np.percentile(means, 95))],
+    return {"served_ndcg10": float(gains.mean()), "served_ndcg10_ci90": mean_interval(gains),
             "served_hr10": float(np.mean([r["target"] in r["top10"][:10] for r in rows])),
             "served_n": len(rows)}
 

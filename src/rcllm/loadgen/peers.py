@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import METHOD_ALIASES
-from .cells import served_gain
+from .cells import mean_interval, served_gain
 
 PEER_NAMES = ("prefix", *METHOD_ALIASES)
 P99_TARGET = 2.0
@@ -99,8 +99,7 @@ def paired_ndcg(peer: dict, path: dict, seed: int = 0) -> dict:
     if not pairs:
         return {"ndcg10_delta": None, "ndcg10_delta_ci90": None, "paired_n": 0}
     d = np.array([q - p for p, q in pairs])
-    idx = np.random.default_rng(seed).integers(0, len(d), (DRAWS, len(d)))
-    return {"ndcg10_delta": float(d.mean()), "ndcg10_delta_ci90": _interval(d[idx].mean(axis=1)),
+    return {"ndcg10_delta": float(d.mean()), "ndcg10_delta_ci90": mean_interval(d, seed=seed),
             "paired_n": len(d)}
 
 

@@ -18,7 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from ..config import METHOD_ALIASES, METHODS, REUSE_METHODS
+from ..config import METHOD_ALIASES, METHODS, USER_SIDE_METHODS
 from ..errors import RcllmError
 from ..routing.registry import ITEM_POLICIES, check_policy, method_policy
 
@@ -27,10 +27,6 @@ DEFAULT_METHODS = "full,prefix,prefix@load-only,rcllm:0.3:0.3,rcllm:0.15:0.15"
 # every registered policy that reads item KV or load (routing/registry.py), in name order
 DEFAULT_POLICIES = ",".join(sorted(ITEM_POLICIES))
 DEFAULT_RATES = "0.4x,0.7x,1.0x,1.3x,1.6x,2.0x"
-# the methods that read the user side from the user-prefix cache (pointwise scorer): the reuse
-# methods, exact-user, and an adapter's fast path; full and prefix compute it in every request,
-# so a relay's prewarm would only add work to them
-USER_SIDE_METHODS = (*REUSE_METHODS, *METHOD_ALIASES, "adapter")
 POLICY_METHOD = "rcllm:0.3:0.3"     # the method the policy series run by default
 
 

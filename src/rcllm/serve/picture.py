@@ -19,14 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import PREFIX_INSERTING
 from ..routing import ClusterView, RoutingRequest, SpeedProfile
 from ..routing.prefixes import PrefixIndex
 from .tier import SharedTier
 from .views import LiveInstance, UserResidency, cluster_view
 
-
-# the methods whose exact prompts an engine inserts into its prefix cache (Engine._after)
-PREFIX_INSERTING = ("full", "prefix")
 
 
 class Picture:

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..config import METHOD_ALIASES, REUSE_METHODS, RcllmConfig, load
+from ..config import PREFIX_INSERTING, USER_SIDE_METHODS, RcllmConfig, load
 from ..errors import RcllmError
 from ..routing import ClusterView, SetLocality
 from ..routing.prefixes import PrefixIndex, PrefixView
@@ -42,10 +42,6 @@ from ..routing.views import RoutingRequest
 # the engine's prefix cache capacity: `prefill.prefix_cache.PrefixCache`'s default, which
 # `Engine` keeps (the simulator may not import the torch side; a test holds the two equal)
 PREFIX_CACHE_BYTES = 1 << 30
-# the methods whose exact prompts the engine inserts (`serve/picture.PREFIX_INSERTING`)
-PREFIX_INSERTING = ("full", "prefix")
-# the methods that read the user side from the user-prefix cache (`loadgen.series`)
-USER_SIDE_METHODS = (*REUSE_METHODS, *METHOD_ALIASES, "adapter")
 # what a policy may read for the replay to route as it did (`registry.PolicySpec.reads`)
 SIMULABLE_READS = ("order", "load", "items", "prefixes", "users")
 
