@@ -73,3 +73,24 @@ def test_model_shapes():
 def test_method_config_validates(kwargs):
     with pytest.raises(RcllmError):
         MethodConfig(**kwargs)
+
+
+def test_a_request_is_priced_at_the_budgets_it_names(a100):
+    """A request naming its own ratios (a /v1/rank payload's) is priced at them, not at the
+    model's method config: the router prices rcllm 0.15/0.15 as what it computes."""
+    from dataclasses import replace
+
+    from rcllm.routing.requests import routing_request
+
+    model = CostModel(a100, MethodConfig("rcllm", 0.3, 0.3))
+    own = replace(SHAPE, item_ratio=0.15, history_ratio=0.15)
+    assert model.ttft_ms(own, 2000.0, 0.0) == CostModel(
+        a100, MethodConfig("rcllm", 0.15, 0.15)).ttft_ms(SHAPE, 2000.0, 0.0)
+    assert model.ttft_ms(own, 2000.0, 0.0) < model.ttft_ms(SHAPE, 2000.0, 0.0)
+    payload = {"user_id": "u", "history": [{"item_id": "h"}], "candidates": ["a", "b"],
+               "item_ratio": 0.15, "history_ratio": 0.1}
+    for user_side in (False, True):
+        shape = routing_request(payload, {"a": 30, "b": 30}, user_side).shape
+        assert (shape.item_ratio, shape.history_ratio) == (0.15, 0.1)
+    bare = routing_request({**payload, "item_ratio": None, "history_ratio": None}, {}).shape
+    assert (bare.item_ratio, bare.history_ratio) == (None, None)

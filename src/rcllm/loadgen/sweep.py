@@ -207,6 +207,9 @@ def run_sweep(args) -> int:
               # prefix hit ratio counts beyond them; `targets.reread` reads it back)
               "prefix_instruction_tokens": run["prefix_instruction_tokens"],
               "router_profile": run["profile"], "cpu_count": os.cpu_count(),
+              # the router prices each request at the ratios its payload names (the replay
+              # does so only for sweeps that say it; before, every request at 0.3/0.3)
+              "router_prices_ratios": True,
               "placement": run["placement"], "affinity_idle_weight": _idle_weight(args),
               "series": [s.__dict__ for s in series],
               # the instances' builder threads' niceness (the simulator weighs them by it)

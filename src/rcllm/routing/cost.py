@@ -59,6 +59,10 @@ class RequestShape:
     history_tokens: int
     history_hit_tokens: int   # history tokens whose review matched a cached prototype
     item_tokens: int          # all candidate item text
+    # the request's own recompute budgets (a /v1/rank payload's item_ratio / history_ratio);
+    # None: the cost model's method config
+    item_ratio: float | None = None
+    history_ratio: float | None = None
 
     @property
     def context_tokens(self) -> int:
@@ -98,9 +102,11 @@ class CostModel:
         fetched = remote if m.remote_items == "fetch" else 0 * remote
         reused_items = local + fetched
         hist_hit = shape.history_hit_tokens
+        item_ratio = m.item_ratio if shape.item_ratio is None else shape.item_ratio
+        history_ratio = m.history_ratio if shape.history_ratio is None else shape.history_ratio
         computed = (shape.prefix_tokens + shape.fresh_tokens
                     + (shape.history_tokens - hist_hit) + (remote - fetched)
-                    + m.item_ratio * reused_items + m.history_ratio * hist_hit)
+                    + item_ratio * reused_items + history_ratio * hist_hit)
         host = (local + hist_hit) * self._kv_bytes
         return Work(computed, reused_items + hist_hit, ctx, host, fetched * self._kv_bytes)
 

@@ -65,14 +65,17 @@ def routing_request(payload: dict, item_tokens: dict[str, int], user_side: bool 
     tokens = [item_tokens.get(i, TOKENS_PER_ITEM) for i in items]
     hist = min(len(payload["history"]), HISTORY_WINDOW) * TOKENS_PER_HISTORY
     fresh = 20 + 4 * len(items)
+    # priced at the budgets the request names (the engine's defaults where it names none)
+    ratios = {k: float(payload[k]) for k in ("item_ratio", "history_ratio")
+              if payload.get(k) is not None}
     if user_side:
         items.insert(0, user_key(payload["user_id"]))
         tokens.insert(0, PREFIX_TOKENS + hist)
         shape = RequestShape(prefix_tokens=0, fresh_tokens=fresh, history_tokens=0,
-                             history_hit_tokens=0, item_tokens=sum(tokens))
+                             history_hit_tokens=0, item_tokens=sum(tokens), **ratios)
     else:
         shape = RequestShape(prefix_tokens=PREFIX_TOKENS, fresh_tokens=fresh,
                              history_tokens=hist, history_hit_tokens=hist,
-                             item_tokens=sum(tokens))
+                             item_tokens=sum(tokens), **ratios)
     return RoutingRequest(shape, items, np.asarray(tokens, dtype=np.int64), chain,
                           tuple(seg_tokens))

@@ -327,7 +327,8 @@ class CacheReplay:
              builder_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray, dict]:
         """The next cell: predicted TTFT and service (ms), and its hit figures."""
         self.day += 1                # the sweep redates its trace by a day per cell
-        self.pictures.new_cell(f"day{self.day}")
+        self.pictures.new_cell(f"day{self.day}", series_ratios(self.sweep, c)
+                               if self.sweep.get("router_prices_ratios") else None)
         setup = CellSetup(routing_policy(c["policy"], self.cost, w_idle=self.w_idle),
                           self.cost, self.fetch_cost,
                           lambda m, n, ctx: scale * self.price(m, n, ctx),

@@ -100,9 +100,14 @@ class Pictures:
         self.tokens = item_tokens
         self.homes: dict[str, tuple[int, float, tuple]] = {}
         self.tag = ""
+        self.ratios: dict[str, float] = {}
 
-    def new_cell(self, tag: str) -> None:
+    def new_cell(self, tag: str, ratios: tuple[float, float] | None = None) -> None:
+        """A new cell: its history tag, and the recompute budgets its series' payloads name
+        (the router prices each request at them, `routing_request`)."""
         self.tag, self.homes = tag, {}
+        self.ratios = ({} if ratios is None
+                       else {"item_ratio": ratios[0], "history_ratio": ratios[1]})
 
     def check(self, policies: Sequence[str]) -> None:
         """RcllmError for a policy whose picture this sweep's engines did not keep."""
@@ -117,7 +122,7 @@ class Pictures:
         return {"user_id": str(row.get("user")),
                 "candidates": list(row.get("items") or ()) if candidates else [],
                 "history": [{"item_id": str(h), "timestamp": self.tag}
-                            for h in row.get("history_items") or ()]}
+                            for h in row.get("history_items") or ()], **self.ratios}
 
     def request(self, row: Mapping[str, Any], candidates: bool = True) -> RoutingRequest:
         """The router's translation of the row's payload (a prewarm's: no candidates)."""
