@@ -85,3 +85,34 @@ def test_reread_recomputes_the_slo_numbers_and_never_writes_over_its_source(tmp_
     (src / "other.json").write_text(json.dumps({"name": "eval", "rows": []}))
     with pytest.raises(RcllmError, match="not a sweep"):
         reread(str(src / "other.json"), 3500.0, str(tmp_path / "out"))
+
+
+def _policy_cell(policy: str, rate: float, latencies_ms: list[float], missed: int) -> dict:
+    rows = [{"status": 200, "latency_ms": x, "ttft_ms": x, "total_ms": x, "instance": 0,
+             "hits": 0, "lookups": 0, "item_tokens": 100, "item_miss_tokens": missed}
+            for x in latencies_ms]
+    return {"rate_rps": rate, "series": f"rcllm-0.15/0.15 @ {policy}", "policy": policy,
+            "method": "rcllm-0.15/0.15", "roles": ["policy"], "requests": rows,
+            **cell_metrics(rows, 10.0, 5000.0)}
+
+
+def test_locality_judges_hits_and_p99_intervals_against_load_only():
+    """Issue 62's routing targets: affinity or cost +0.10 item-token hits over load-only, and
+    a P99 whose interval lies wholly below load-only's, at the two highest rates."""
+    rng = np.random.default_rng(0)
+    cells = []
+    for rate in (0.3, 0.45, 0.6):
+        cells.append(_policy_cell("load-only", rate, list(rng.uniform(3000, 9000, 60)), 40))
+        cells.append(_policy_cell("affinity", rate, list(rng.uniform(500, 1500, 60)), 25))
+        cells.append(_policy_cell("cost", rate, list(rng.uniform(2500, 9500, 60)), 38))
+    t = sweep_targets(cells, 5000.0)
+    got = {(x["rate_rps"], x["policy"]): x for x in t["locality"]}
+    assert set(got) == {(r, p) for r in (0.45, 0.6) for p in ("affinity", "cost")}
+    aff, cost = got[(0.6, "affinity")], got[(0.6, "cost")]
+    assert aff["hit_gain"] == pytest.approx(0.15) and aff["hit_gain_met"]
+    assert aff["p99_below_apart"] is True
+    assert cost["hit_gain"] == pytest.approx(0.02) and not cost["hit_gain_met"]
+    assert cost["p99_below_apart"] is False
+    text = format_targets(t)
+    assert "affinity against load-only: item-token hits +0.150 (target +0.1: met)" in text
+    assert "cost against load-only: item-token hits +0.020 (target +0.1: missed)" in text

@@ -26,7 +26,8 @@ import numpy as np
 TABLE = ("rate_rps", "series", "method", "policy", "sent", "ok", "rejected_429", "errors_5xx",
          "lost", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "engine_ttft_p50_ms",
          "engine_cpu_p50_ms", "queue_p50_ms", "queue_p99_ms", "goodput_rps", "slo_attainment",
-         "chunk_hit_ratio", "item_miss_tokens", "kv_imported_items", "miss_cost_p50_ms",
+         "chunk_hit_ratio", "item_token_hit_ratio", "item_miss_tokens", "kv_imported_items",
+         "miss_cost_p50_ms",
          "user_prefix_hit_ratio", "user_prefix_append_ratio", "prefix_hit_ratio",
          "prefix_hit_requests", "prewarms", "prewarm_errors", "prewarm_engine_ms",
          "goodput_per_engine_s", "served_ndcg10", "per_instance", "held_items",
@@ -56,6 +57,17 @@ def mean_interval(xs: np.ndarray, level: float = 0.9, draws: int = 1000,
     lo = (1 - level) / 2 * 100
     means = xs[idx].mean(axis=1)
     return [float(np.percentile(means, lo)), float(np.percentile(means, 100 - lo))]
+
+
+def ratio_interval(num: np.ndarray, den: np.ndarray, level: float = 0.9, draws: int = 1000,
+                   seed: int = 0) -> list[float]:
+    """Percentile-bootstrap interval of sum(num) / sum(den) over the same resampled rows."""
+    if len(num) < 2:
+        return [float("nan"), float("nan")]
+    idx = np.random.default_rng(seed).integers(0, len(num), size=(draws, len(num)))
+    ratios = num[idx].sum(axis=1) / np.maximum(den[idx].sum(axis=1), 1e-12)
+    lo = (1 - level) / 2 * 100
+    return [float(np.percentile(ratios, lo)), float(np.percentile(ratios, 100 - lo))]
 
 
 def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
@@ -119,10 +131,17 @@ def miss_metrics(ok: list[dict]) -> dict:
 
     cost = np.array([r["miss_cost_ms"] for r in ok if r.get("miss_cost_ms") is not None])
     engine_ms = total("ttft_ms")
+    # the share of the candidates' item tokens served from a store, with its 90% interval
+    # over the requests (what a routing policy's locality wins)
+    items = np.array([float(r.get("item_tokens") or 0) for r in ok])
+    held = items - np.array([float(r.get("item_miss_tokens") or 0) for r in ok])
     return {"chunk_hits": int(total("hits")),
             "chunk_misses": int(total("lookups") - total("hits")),
             "item_miss_tokens": int(total("item_miss_tokens")),
             "item_tokens": int(total("item_tokens")),
+            "item_token_hit_ratio": float(held.sum() / items.sum()) if items.sum() > 0
+            else None,
+            "item_token_hit_ci90": ratio_interval(held, items) if items.sum() > 0 else None,
             "kv_imported_items": int(total("fetched")),
             "kv_import_ms": total("import_ms"), "kv_import_wait_ms": total("import_wait_ms"),
             "kv_imports_late": int(total("imports_late")),

@@ -11,6 +11,9 @@ another SLO (`rcllm bench serve --report SWEEP.json --slo-ms S`).
   `--policy-method` named another) P99 under affinity (and under cost,
   where it ran) against hit-only and load-only (each P99 with its bootstrap 90% interval in the
   cells).
+- **Locality** (issue 62): at the same two rates, affinity's and cost's item-token hit ratio
+  against load-only's (target +0.10), and whether their P99 interval lies wholly below
+  load-only's (the intervals apart).
 
 Only the cells decide: nothing here measures, so a sweep stopped early (`sweep.partial.json`)
 or read at another SLO gives the same verdict its requests support.
@@ -34,6 +37,7 @@ GOODPUT_TARGET = 1.5
 PEERS = ("full", BASELINE, *METHOD_ALIASES)
 # the routing target: the cache-aware policies against the two that each miss one side
 AFFINITY, COST, RIVALS = Affinity.name, CostBased.name, (HitOnly.name, LoadOnly.name)
+HIT_GAIN_TARGET = 0.10      # item-token hits a cache-aware policy should win over load-only
 
 
 def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
@@ -75,8 +79,34 @@ def sweep_targets(cells: list[dict], slo_ms: float) -> dict:
             "p99_lower_than_baseline": p99, "p99_target": P99_TARGET,
             "goodput_at_slo_rps": goodput, "goodput_vs_baseline": ratio,
             "goodput_target": GOODPUT_TARGET, "policies_at_top_rates": policies,
+            "locality": locality(by_policy),
             # the headline at parity: every fast path against the stronger exact peer
             "vs_strongest_peer": peer_headline(own, slo_ms)}
+
+
+def locality(by_policy: dict) -> list[dict]:
+    """At the two highest rates where load-only and affinity or cost ran: each cache-aware
+    policy's item-token hit gain over load-only and whether its P99's 90% interval lies wholly
+    below load-only's (cells recorded before the hit ratio was kept say None)."""
+    out = []
+    rates = sorted(r for r, ps in by_policy.items()
+                   if LoadOnly.name in ps and ({AFFINITY, COST} & set(ps)))
+    for r in rates[-2:]:
+        ps, base = by_policy[r], by_policy[r][LoadOnly.name]
+        for p in (AFFINITY, COST):
+            if p not in ps:
+                continue
+            c = ps[p]
+            gain = (None if c.get("item_token_hit_ratio") is None
+                    or base.get("item_token_hit_ratio") is None
+                    else c["item_token_hit_ratio"] - base["item_token_hit_ratio"])
+            ci, base_ci = c.get("ttft_p99_ci90"), base.get("ttft_p99_ci90")
+            out.append({"rate_rps": r, "policy": p, "hit_gain": gain,
+                        "hit_gain_met": None if gain is None else gain >= HIT_GAIN_TARGET,
+                        "p99_ms": c["ttft_p99_ms"], "load_only_p99_ms": base["ttft_p99_ms"],
+                        "p99_below_apart": (None if not ci or not base_ci
+                                            else ci[1] < base_ci[0])})
+    return out
 
 
 def _lowest(ps: dict, policy: str) -> bool | None:
@@ -114,6 +144,13 @@ def format_targets(t: dict) -> str:
             line += (f"; {COST} below {' and '.join(RIVALS)}: "
                      f"{'yes' if p['cost_lowest'] else 'no'}")
         lines.append(line)
+    for x in t.get("locality") or ():
+        gain = "n/a" if x["hit_gain"] is None else f"{x['hit_gain']:+.3f}"
+        lines.append(f"  locality at {x['rate_rps']:.3f} rps, {x['policy']} against load-only: "
+                     f"item-token hits {gain} (target +{HIT_GAIN_TARGET:g}: "
+                     f"{'met' if x['hit_gain_met'] else 'missed'}); P99 {x['p99_ms']:.0f} "
+                     f"vs {x['load_only_p99_ms']:.0f} ms, intervals apart below: "
+                     f"{'yes' if x['p99_below_apart'] else 'no'}")
     return "\n".join(lines)
 
 
