@@ -38,25 +38,29 @@ def _pct(xs: np.ndarray, q: float) -> float:
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
+def _draws(n: int, draws: int, seed: int) -> np.ndarray:
+    """Bootstrap row indices [draws, n] (the same for a seed, whatever is resampled)."""
+    return np.random.default_rng(seed).integers(0, n, size=(draws, n))
+
+
+def percentile_interval(stats: np.ndarray, level: float = 0.9) -> list[float]:
+    """The central `level` interval of bootstrap statistics."""
+    lo = (1 - level) / 2 * 100
+    return [float(np.percentile(stats, lo)), float(np.percentile(stats, 100 - lo))]
+
+
 def bootstrap_interval(xs: np.ndarray, q: float, level: float = 0.9, draws: int = 1000,
                        seed: int = 0) -> list[float]:
     """Percentile-bootstrap interval of the q-th percentile of `xs`."""
     if len(xs) < 2:
         return [float("nan"), float("nan")]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(xs), size=(draws, len(xs)))
-    stats = np.percentile(xs[idx], q, axis=1)
-    lo = (1 - level) / 2 * 100
-    return [float(np.percentile(stats, lo)), float(np.percentile(stats, 100 - lo))]
+    return percentile_interval(np.percentile(xs[_draws(len(xs), draws, seed)], q, axis=1), level)
 
 
 def mean_interval(xs: np.ndarray, level: float = 0.9, draws: int = 1000,
                   seed: int = 0) -> list[float]:
     """Percentile-bootstrap interval of the mean of `xs`."""
-    idx = np.random.default_rng(seed).integers(0, len(xs), size=(draws, len(xs)))
-    lo = (1 - level) / 2 * 100
-    means = xs[idx].mean(axis=1)
-    return [float(np.percentile(means, lo)), float(np.percentile(means, 100 - lo))]
+    return percentile_interval(xs[_draws(len(xs), draws, seed)].mean(axis=1), level)
 
 
 def ratio_interval(num: np.ndarray, den: np.ndarray, level: float = 0.9, draws: int = 1000,
@@ -64,10 +68,9 @@ def ratio_interval(num: np.ndarray, den: np.ndarray, level: float = 0.9, draws: 
     """Percentile-bootstrap interval of sum(num) / sum(den) over the same resampled rows."""
     if len(num) < 2:
         return [float("nan"), float("nan")]
-    idx = np.random.default_rng(seed).integers(0, len(num), size=(draws, len(num)))
-    ratios = num[idx].sum(axis=1) / np.maximum(den[idx].sum(axis=1), 1e-12)
-    lo = (1 - level) / 2 * 100
-    return [float(np.percentile(ratios, lo)), float(np.percentile(ratios, 100 - lo))]
+    idx = _draws(len(num), draws, seed)
+    return percentile_interval(num[idx].sum(axis=1) / np.maximum(den[idx].sum(axis=1), 1e-12),
+                               level)
 
 
 def cell_metrics(rows: list[dict], wall_s: float, slo_ms: float,
@@ -135,13 +138,13 @@ def miss_metrics(ok: list[dict]) -> dict:
     # over the requests (what a routing policy's locality wins)
     items = np.array([float(r.get("item_tokens") or 0) for r in ok])
     held = items - np.array([float(r.get("item_miss_tokens") or 0) for r in ok])
+    n_items = float(items.sum())
     return {"chunk_hits": int(total("hits")),
             "chunk_misses": int(total("lookups") - total("hits")),
             "item_miss_tokens": int(total("item_miss_tokens")),
-            "item_tokens": int(total("item_tokens")),
-            "item_token_hit_ratio": float(held.sum() / items.sum()) if items.sum() > 0
-            else None,
-            "item_token_hit_ci90": ratio_interval(held, items) if items.sum() > 0 else None,
+            "item_tokens": int(n_items),
+            "item_token_hit_ratio": float(held.sum() / n_items) if n_items > 0 else None,
+            "item_token_hit_ci90": ratio_interval(held, items) if n_items > 0 else None,
             "kv_imported_items": int(total("fetched")),
             "kv_import_ms": total("import_ms"), "kv_import_wait_ms": total("import_wait_ms"),
             "kv_imports_late": int(total("imports_late")),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import METHOD_ALIASES
-from .cells import mean_interval, served_gain
+from .cells import mean_interval, percentile_interval, served_gain
 
 PEER_NAMES = ("prefix", *METHOD_ALIASES)
 P99_TARGET = 2.0
@@ -53,10 +53,6 @@ def strongest_peer(own: dict[str, dict[float, dict]], slo_ms: float
     return None if best is None else (best[1], best[2])
 
 
-def _interval(xs: np.ndarray) -> list[float]:
-    return [float(np.percentile(xs, 5)), float(np.percentile(xs, 95))]
-
-
 def p99_ratio(peer: dict, path: dict, seed: int = 0) -> tuple[float, list[float]]:
     """Peer P99 / path P99 and its 90% bootstrap interval."""
     a = np.array([r["latency_ms"] for r in _ok(peer)])
@@ -66,7 +62,7 @@ def p99_ratio(peer: dict, path: dict, seed: int = 0) -> tuple[float, list[float]
     rng = np.random.default_rng(seed)
     pa = np.percentile(a[rng.integers(0, len(a), (DRAWS, len(a)))], 99, axis=1)
     pb = np.percentile(b[rng.integers(0, len(b), (DRAWS, len(b)))], 99, axis=1)
-    return float(np.percentile(a, 99) / np.percentile(b, 99)), _interval(pa / pb)
+    return float(np.percentile(a, 99) / np.percentile(b, 99)), percentile_interval(pa / pb)
 
 
 def _within(cell: dict, slo_ms: float) -> np.ndarray:
@@ -86,7 +82,7 @@ def goodput_ratio(peer: dict, path: dict, slo_ms: float, seed: int = 0
     ga = a[rng.integers(0, len(a), (DRAWS, len(a)))].sum(axis=1) / peer["wall_s"]
     gb = b[rng.integers(0, len(b), (DRAWS, len(b)))].sum(axis=1) / path["wall_s"]
     point = (b.sum() / path["wall_s"]) / (a.sum() / peer["wall_s"])
-    return float(point), _interval(gb / np.maximum(ga, 1e-12))
+    return float(point), percentile_interval(gb / np.maximum(ga, 1e-12))
 
 
 def paired_ndcg(peer: dict, path: dict, seed: int = 0) -> dict:
