@@ -134,15 +134,18 @@ def assemble(model: Transformer, prompt: Prompt, reuse: ReuseConfig, user, cache
         source[m.start:m.start + m.length][held] = SOURCES.index(m.source)
     inp = _inputs(model, prompt, ids, k_buf, v_buf, have, exact, reuse, reused)
     inp.source, inp.head_rows = source, head_rows
-    join = late_join(model, prompt, reuse, caches, inp) if reuse.method == "late" else []
+    entries = {m.start: m.entry for m in reused if m.entry is not None}
+    join = late_join(model, prompt, reuse, caches, inp, entries) if reuse.method == "late" else []
     return Assembly(inp, stats, misses, join)
 
 
 def late_join(model: Transformer, prompt: Prompt, reuse: ReuseConfig, caches: Caches,
-              inp: PrefillInputs) -> list[Frozen]:
+              inp: PrefillInputs, entries: dict | None = None) -> list[Frozen]:
     """`late`: every item slot holding store KV joins the computed slots at reuse.late_layer,
-    with the state its chunk's own pass carried into that layer (`ChunkBuilder.states`, kept
-    per item); none when the layer is past the model's last (naive reuse of the chunk)."""
+    with the state its chunk's own pass carried into that layer: the one its store entry
+    carries (`entries`: first slot → `ChunkKV`; a build for `late` keeps it, through every
+    tier), else recomputed (`ChunkBuilder.states`); none when the layer is past the model's
+    last (naive reuse of the chunk)."""
     s = reuse.late_layer
     if not 0 < s < model.arch.num_layers:
         return []
@@ -154,7 +157,11 @@ def late_join(model: Transformer, prompt: Prompt, reuse: ReuseConfig, caches: Ca
             continue
         held = int(have[at:start].sum())   # the store's part: the chunk but its tail
         slots.append(torch.arange(at, at + held))
-        states.append(caches.chunks.states("item", seg.token_ids, s, reuse)[:held])
+        entry = (entries or {}).get(at)
+        h = entry.states_at(s) if entry is not None else None
+        if h is None:
+            h = caches.chunks.states("item", seg.token_ids, s, reuse)
+        states.append(h[:held])
     if not slots:
         return []
     return [Frozen(s, torch.cat(slots).to(model.device), torch.cat(states))]

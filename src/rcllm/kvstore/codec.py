@@ -84,6 +84,9 @@ def encode(key: ChunkKey, kv: ChunkKV, encoding: str = "raw", kind: str = "",
         tensors["v_q"], tensors["v_scale"] = quantize_per_channel(kv.v)
     else:
         tensors["k"], tensors["v"] = kv.k.detach().contiguous(), kv.v.detach().contiguous()
+    if kv.states is not None:   # raw in either encoding: the late join starts from them
+        tensors["h"] = kv.states.detach().contiguous()
+        tensors["h_layer"] = torch.tensor([kv.states_layer], dtype=torch.int64)
     meta = {"format": FORMAT, "key": key, "kind": kind, "fingerprint": fingerprint,
             "encoding": encoding, "dtype": str(kv.k.dtype).removeprefix("torch."),
             "checksum": _checksum(key, kind, fingerprint, tensors)}
@@ -126,6 +129,8 @@ def decode(data: bytes, key: ChunkKey, check: KeyCheck | None = None) -> ChunkKV
         v = dequantize(tensors["v_q"], tensors["v_scale"], dtype)
     else:
         k, v = tensors["k"], tensors["v"]
+    if "h" in tensors:
+        return ChunkKV(token_ids, k, v, tensors["h"], int(tensors["h_layer"][0]))
     return ChunkKV(token_ids, k, v)
 
 

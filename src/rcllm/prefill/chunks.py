@@ -24,7 +24,7 @@ from ..kvstore.base import ChunkKV, KVStore, chunk_key
 from ..model.transformer import Transformer
 
 CHUNK_KINDS = ("history", "item")
-STATES_KEPT = 65536  # chunks' entering states kept for `late` (Magazine: 37 KB a chunk)
+STATES_KEPT = 65536  # entering states recomputed for entries without them (37 KB a chunk)
 
 
 class ChunkBuilder:
@@ -42,7 +42,7 @@ class ChunkBuilder:
         # (computed, context tokens, ms) of the latest builds, on whichever thread ran them: what
         # a build costs, for the simulator's price of the work behind an answer
         self.timings: deque = deque(maxlen=4096)
-        self._states: dict = {}  # (chunk key, layer) → states entering it (`states`)
+        self._states: dict = {}  # (chunk key, layer) → states recomputed by `states`
         self._states_lock = threading.Lock()
 
     def context(self, kind: str, mode: str):
@@ -61,8 +61,10 @@ class ChunkBuilder:
     def states(self, kind: str, ids: Sequence[int], layer: int,
                reuse: ReuseConfig | None = None) -> torch.Tensor:
         """[len(ids), d]: the chunk's hidden states entering `layer` in the pass that builds its
-        KV (after its kind's context), kept per chunk and layer (up to STATES_KEPT; the
-        oldest go first): the `late` method starts the chunk's tokens there in a prompt."""
+        KV (after its kind's context): the `late` method starts the chunk's tokens there in a
+        prompt. A build for `late` carries them on its entry (`ChunkKV.states`, through every
+        tier); this recomputes them for an entry without them (built for another method or
+        depth), kept per chunk and layer (up to STATES_KEPT; the oldest go first)."""
         key = (self.key(kind, ids, reuse), layer)
         with self._states_lock:
             got = self._states.get(key)
@@ -109,9 +111,8 @@ class ChunkBuilder:
 
             states: list = []
             (k, v), = blocks_kv(self.model, ctx[0], ctx[1], [list(ids)], layer, states)
-            self._keep_state(self.key(kind, ids, reuse), layer, states[0])
             self._timed(len(ids), kind, reuse, t0)
-            return ChunkKV(tuple(ids), k, v)
+            return ChunkKV(tuple(ids), k, v, states[0], layer)
         t = torch.tensor(ids, device=self.model.device)
         out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
                                  return_kv=True, logits=False)
@@ -119,10 +120,11 @@ class ChunkBuilder:
         return ChunkKV(tuple(ids), out["k"], out["v"])
 
     def _late_layer(self, kind: str, reuse: ReuseConfig | None) -> int | None:
-        """The layer whose entering states an item build also keeps (`reuse.late_layer`, when
-        it is inside the model), else None."""
-        layer = (reuse or self.reuse).late_layer
-        return layer if kind == "item" and 0 < layer < self.model.arch.num_layers else None
+        """The layer whose entering states an item build carries on its entry (the `late`
+        method's `reuse.late_layer`, when it is inside the model), else None."""
+        r = reuse or self.reuse
+        inside = 0 < r.late_layer < self.model.arch.num_layers
+        return r.late_layer if kind == "item" and r.method == "late" and inside else None
 
     def _keep_state(self, key, layer: int, h: torch.Tensor) -> None:
         with self._states_lock:
@@ -158,10 +160,10 @@ class ChunkBuilder:
         t0 = time.perf_counter()
         layer, states = self._late_layer(kind, reuse), []
         kv = blocks_kv(self.model, ctx[0], ctx[1], chunks, layer, states)
-        for ids, h in zip(chunks, states):
-            self._keep_state(self.key(kind, ids, reuse), layer, h)
         self._timed(sum(len(ids) for ids in chunks), kind, reuse, t0)
-        return [ChunkKV(tuple(ids), k, v) for ids, (k, v) in zip(chunks, kv)]
+        if layer is None:
+            return [ChunkKV(tuple(ids), k, v) for ids, (k, v) in zip(chunks, kv)]
+        return [ChunkKV(tuple(ids), k, v, h, layer) for ids, (k, v), h in zip(chunks, kv, states)]
 
     def build_behind(self, misses: Sequence[tuple[str, Sequence[int]]], reuse: ReuseConfig
                      ) -> list[tuple[int, int]]:

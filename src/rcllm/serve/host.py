@@ -248,7 +248,8 @@ class EngineHost:
 
     def export_items(self, item_ids: list[str],
                      wait_s: float = 1.0) -> tuple[dict[str, tuple], float]:
-        """(token ids, K, V as numpy) of those `item_ids` whose chunk KV is in the store, and
+        """(token ids, K, V as numpy[, states, their layer]) of those `item_ids` whose chunk KV
+        is in the store (the states where the entry carries them: `ChunkKV.states`), and
         the ms waited for the engine lock first. Waits at most `wait_s` for the engine (a busy
         or stuck owner exports nothing: the importer recomputes rather than waits on another
         instance's queue)."""
@@ -266,6 +267,8 @@ class EngineHost:
                 kv = e.store.get(e.chunk_key("item", e.builder.item_chunk(ItemId(i))))
                 if kv is not None:
                     out[i] = (kv.token_ids, kv.k.cpu().numpy(), kv.v.cpu().numpy())
+                    if kv.states is not None:   # the late join's states travel with it
+                        out[i] += (kv.states.cpu().numpy(), kv.states_layer)
         finally:
             self.lock.release()
         return out, waited_ms
@@ -279,7 +282,7 @@ class EngineHost:
 
         new = 0
         e = self.engine
-        for item_id, (ids, k, v) in rows.items():
+        for item_id, (ids, k, v, *states) in rows.items():
             if ItemId(item_id) not in self.catalog:
                 continue
             if tuple(e.builder.item_chunk(ItemId(item_id))) != tuple(ids):
@@ -287,8 +290,9 @@ class EngineHost:
             key = e.chunk_key("item", ids)
             if not e.store.contains(key):
                 dev = e.model.device
+                h = (torch.from_numpy(states[0]).to(dev), int(states[1])) if states else ()
                 e.store.put(key, ChunkKV(tuple(ids), torch.from_numpy(k).to(dev),
-                                         torch.from_numpy(v).to(dev)))
+                                         torch.from_numpy(v).to(dev), *h))
                 new += 1
         return new
 

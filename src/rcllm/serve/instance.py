@@ -172,7 +172,7 @@ class Instance:
             release.set()
 
     def export_items(self, item_ids: list[str]) -> dict[str, Any]:
-        """{"rows": item id → (token ids, K, V), "lock_wait_ms": this engine's lock wait}."""
+        """{"rows": item id → (token ids, K, V[, states, layer]), "lock_wait_ms": this engine's lock wait}."""
         rows, waited_ms = self.host.export_items(item_ids)
         return {"rows": rows, "lock_wait_ms": waited_ms}
 
