@@ -191,8 +191,9 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
     register_bench(top.add_subparsers())
     out = tmp_path / "sweep"
     args = top.parse_args([
-        "serve", "--sweep", "--no-redis", "--requests", "6", "--candidates", "6",
-        "--rates", "6", "--methods", "rcllm:0.3:0.3", "--policies", "affinity",
+        "serve", "--sweep", "--no-redis", "--cell-reset", "--requests", "6",
+        "--candidates", "6", "--rates", "6,5", "--methods", "rcllm:0.3:0.3",
+        "--policies", "affinity",
         "--placement", "random", "--no-imports",
         "--queue-size", "8", "--slo-ms", "60000", "--out", str(out),
         "--set", f"model.path={tiny_model_dir}", "--set", "model.threads=1",
@@ -201,8 +202,12 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
     report = json.loads((out / "sweep.json").read_text())
     assert report["redis_tier"] is False
     assert "no Redis tier" in (out / "sweep.md").read_text()
-    (cell,) = report["cells"]
+    cell, second = report["cells"]
     assert cell["ok"] + cell["rejected_429"] == 6 and cell["errors_5xx"] == cell["lost"] == 0
+    # --cell-reset: both cells start from the stores the warm-up left
+    assert report["cell_reset"] is True
+    assert second["held_at_start"] == cell["held_at_start"]
+    assert second["held_items"] != [0, 0]
     held = cell["held_items"]
     assert len(held) == 2 and all(0 < n < len(synthetic.items) for n in held), held
     # random shards of METIS's sizes, each instance warmed with its own (what its store kept)
@@ -224,3 +229,8 @@ def test_a_sweep_without_the_redis_tier_keeps_each_instance_s_own_items(
 
     rows, _ = predict_sweep(report, cpu_smollm2_profile(), routing="caches")
     assert 0 <= rows[0]["predicted_chunk_hit_ratio"] <= 1
+    # --cell-reset needs each instance's own memory only: refused beside Redis, before a model
+    bad = top.parse_args(["serve", "--sweep", "--cell-reset", "--out", str(tmp_path / "no")])
+    with pytest.raises(RcllmError, match="--cell-reset"):
+        bad.func(bad)
+    assert not (tmp_path / "no").exists()

@@ -194,3 +194,16 @@ def test_review_chunks_have_their_own_budget_and_never_push_items_out():
     caches.warm([_row(["i0"], hist=[f"h{k}" for k in range(5)])], 1)
     assert caches.stores[0].items == {"i0", "i1", "i2"}
     assert len(caches.history[0].entries) == 2        # the last two of the five reviews
+
+
+def test_a_cell_reset_sweep_starts_every_cell_from_the_warm_up_s_stores():
+    """`bench serve --sweep --cell-reset`: what a cell built is gone in the next cell (a miss
+    again), while a sweep without it carries it over (a hit)."""
+    tokens = {"a0": 10, "b0": 10, "new": 10}
+    placed = [["a0"], ["b0"]]
+    cells = [_cell("hit-only", [_row(["new", "b0"])]), _cell("hit-only", [_row(["new", "b0"])])]
+    for reset, second_hits in ((False, 1.0), (True, 0.5)):
+        sweep = {**_sweep(placed, tokens, cells), "cell_reset": reset}
+        out, _ = _predict(sweep)
+        assert out[0]["predicted_chunk_hit_ratio"] == pytest.approx(0.5)
+        assert out[1]["predicted_chunk_hit_ratio"] == pytest.approx(second_hits)

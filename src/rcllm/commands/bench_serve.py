@@ -97,6 +97,11 @@ def _sweep_options(p) -> None:
                         "moves between instances through Ray's object store), so with an item "
                         "budget below the catalog's KV (--set reuse.store_bytes=B) the "
                         "instances hold different items")
+    g.add_argument("--cell-reset", action="store_true",
+                   help="with --no-redis (and no --kv-dir): every cell starts from the item "
+                        "and review KV the instances held after the warm-up (each instance's "
+                        "memory saved then and put back before each cell), so a cell's hits "
+                        "do not depend on the cells before it")
     g.add_argument("--redis-max-bytes", type=int, default=None, metavar="B",
                    help="cap the sweep's private Redis at B bytes (least recently used keys "
                         "evicted past it): a shared tier that holds less than the catalog")

@@ -248,6 +248,25 @@ class MemoryLRUStore(WatchedKeys, InlineBuilds):
         with self._lock:
             return key in self._entries
 
+    def snapshot(self) -> list[tuple[ChunkKey, ChunkKV]]:
+        """The entries now, least recent first (references: entries are never modified)."""
+        with self._lock:
+            return list(self._entries.items())
+
+    def restore(self, entries: list[tuple[ChunkKey, ChunkKV]]) -> None:
+        """Holds exactly `entries` (a `snapshot`), in their recency order; watchers hear of
+        every key that leaves or comes back, as puts and evictions report them."""
+        with self._lock:
+            wanted = OrderedDict(entries)
+            for key in [k for k in self._entries if k not in wanted]:
+                del self._entries[key]
+                self._removed(key)
+            for key in wanted:
+                if key not in self._entries:
+                    self._added(key)
+            self._entries = wanted
+            self._nbytes = sum(e.nbytes for e in wanted.values())
+
     def _own_keys(self):
         return self._entries.keys()
 

@@ -45,6 +45,23 @@ def engine_key_check(engine) -> KeyCheck:
     return KeyCheck(engine.loaded.fingerprint, engine_kinds(engine))
 
 
+def memory_tiers(store) -> list[MemoryLRUStore]:
+    """The process-memory stores inside `store`: what `EngineHost.keep_snapshot` saves and
+    puts back. RcllmError when a tier lies outside the process (Redis, disk): its entries
+    could not be put back as they were."""
+    from ..errors import RcllmError
+    from .tiered import TieredStore
+
+    out = []
+    for s in tiers(store):
+        if isinstance(s, MemoryLRUStore):
+            out.append(s)
+        elif not isinstance(s, (StoreFront, PartitionedStore, TieredStore)):
+            raise RcllmError(f"a snapshot of the store holds process memory only; this one has "
+                             f"a {type(s).__name__} tier (serve without Redis and a KV folder)")
+    return out
+
+
 def tiers(store) -> list:
     """`store` and every store inside it (tiered, partitioned), outermost first."""
     out, todo = [], [store]

@@ -23,7 +23,10 @@ hit ratios come from the item shards, the item KV cached so far, and the users w
 within the cell — never from an earlier cell's requests. One unmeasured warm-up pass (rcllm,
 in waves that are never refused) fills the item caches first, and a wave of each series'
 method takes torch's first calls at its shapes off the books; between cells the build-behind
-queue is drained, so a cell does not pay for the previous one's misses.
+queue is drained, so a cell does not pay for the previous one's misses. With `--cell-reset`
+(`--no-redis`) each cell starts from the stores as the warm-up left them (each instance's
+memory saved then, put back before the cell: `EngineHost.keep_snapshot`), so a cell's item
+hits do not depend on the cells before it; otherwise each inherits what the last one left.
 
 Placement (`--placement metis|random`, `serve.router`): each instance builds its shard and the
 hot items at start; the report's `placement` says how many items each was given and kept, and
@@ -106,6 +109,9 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
     from ..serve.views import UserResidency
 
     value, rel, rate, arrivals = at
+    if getattr(args, "cell_reset", False):
+        backend.restore_snapshots()      # the stores as the warm-up left them
+    held_at_start = [_digest(i.cached) for i in backend.instances]
     backend.use_policy(s.policy)
     if backend.residency is not None:
         backend.residency = UserResidency(backend.residency.ttl_s,
@@ -130,6 +136,9 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
             # the items the router counts as held by each instance's own store after the cell
             # (views.LiveInstance), and beside a Redis tier its picture of the tier (tier.py)
             "held_items": [len(i.cached) for i in backend.instances],
+            # what each instance held as the cell began (a digest of the item ids):
+            # equal in every cell of a `--cell-reset` sweep
+            "held_at_start": held_at_start,
             **(backend.tier_stats() or {}),
             "reference_ms": reference,
             # the machine's 1-min load average before and after the cell: a quiet 2-core
@@ -147,6 +156,13 @@ def _cell(url: str, backend, s: Series, args, trace, day: int, at) -> dict:
              if s.relay_lead_s is not None else "") + "; load average "
           f"{load_before:.1f}", flush=True)
     return cell
+
+
+def _digest(items) -> str:
+    """A short digest of a set of item ids (order-free)."""
+    import hashlib
+
+    return hashlib.sha1("\n".join(sorted(map(str, items))).encode()).hexdigest()[:12]
 
 
 def _cells(url: str, backend, series, rates, capacity, trace, args) -> list[dict]:
@@ -181,6 +197,10 @@ def run_sweep(args) -> int:
     check_user_sides(series, getattr(args, "scorer", None), bool(args.adapter))
     rates = parse_rates(args.rates)
     profile = _router_profile(args)        # a bad --profile file is refused before anything
+    if getattr(args, "cell_reset", False) and not (getattr(args, "no_redis", False)
+                                                   and not getattr(args, "kv_dir", None)):
+        raise RcllmError("--cell-reset puts each instance's memory back before a cell: it "
+                         "needs --no-redis and no --kv-dir (a shared tier is not put back)")
     cap = getattr(args, "redis_max_bytes", None)
     if cap is not None and (getattr(args, "no_redis", False) or cap < 1):
         raise RcllmError("--redis-max-bytes caps the sweep's Redis tier with a positive number "
@@ -210,6 +230,8 @@ def run_sweep(args) -> int:
               # the router prices each request at the ratios its payload names (the replay
               # does so only for sweeps that say it; before, every request at 0.3/0.3)
               "router_prices_ratios": True,
+              # every cell started from the stores as the warm-up left them (`--cell-reset`)
+              "cell_reset": bool(getattr(args, "cell_reset", False)),
               "placement": run["placement"], "affinity_idle_weight": _idle_weight(args),
               "series": [s.__dict__ for s in series],
               # the instances' builder threads' niceness (the simulator weighs them by it)
@@ -280,6 +302,9 @@ def _serve_cells(spec, args, trace, series, rates, profile="calibrate") -> dict:
               f"{capacity if capacity is None else round(capacity, 3)} rps; the cells' "
               f"arrivals span {span_s / 60:.1f} min (plus the drain of overloaded cells)",
               flush=True)
+        if getattr(args, "cell_reset", False):
+            print(f"cell reset: {backend.keep_snapshots()} entries saved after the warm-up",
+                  flush=True)
         cells = _cells(running.url, backend, series, rates, capacity, trace, args)
         profile = {"name": backend.profile.name}
     finally:

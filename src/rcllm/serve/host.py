@@ -65,6 +65,7 @@ class EngineHost:
         # the catalog items the store holds (kvstore.held), made on first use; False: none
         # can be kept (a Redis tier)
         self._held: HeldIndex | None | bool = None
+        self._snapshot: list = []   # (memory tier, its entries) saved by `keep_snapshot`
 
     # ---- requests -------------------------------------------------------------------------
     def rank(self, payload: dict[str, Any],
@@ -205,6 +206,28 @@ class EngineHost:
             b, e = self.engine.builder, self.engine
             return {str(i): redis.redis_key(e.chunk_key("item", b.item_chunk(i)))
                     for i in list(self.catalog) if wanted is None or str(i) in wanted}
+
+    def keep_snapshot(self) -> int:
+        """Saves what every memory tier of the store holds now (references, no copy), for
+        `restore_snapshot` to put back; returns the entries saved. RcllmError beside a Redis
+        or disk tier (`kvstore.wiring.memory_tiers`)."""
+        from ..kvstore.wiring import memory_tiers
+
+        with self.lock:
+            self._snapshot = [(t, t.snapshot()) for t in memory_tiers(self.engine.store)]
+            return sum(len(entries) for _t, entries in self._snapshot)
+
+    def restore_snapshot(self) -> list[str]:
+        """Puts back what `keep_snapshot` saved (every later put and eviction undone; the held
+        index follows); returns the catalog items held after, the router's new picture of this
+        instance. Queued builds must have drained first (a sweep's cells end so)."""
+        if not self._snapshot:
+            raise RcllmError("no snapshot of the store was kept (keep_snapshot first)")
+        with self.lock:
+            for tier, entries in self._snapshot:
+                tier.restore(entries)
+        self.lost_items()           # reported to the router by the picture returned here
+        return self.cached_items()
 
     def lost_items(self) -> list[str] | None:
         """The catalog items whose chunk KV this store dropped (evicted from every tier that

@@ -172,12 +172,19 @@ class Instance:
             release.set()
 
     def export_items(self, item_ids: list[str]) -> dict[str, Any]:
-        """{"rows": item id → (token ids, K, V[, states, layer]), "lock_wait_ms": this engine's lock wait}."""
+        """{"rows": item id → (token ids, K, V[, states, layer]), "lock_wait_ms": this
+        engine's lock wait}."""
         rows, waited_ms = self.host.export_items(item_ids)
         return {"rows": rows, "lock_wait_ms": waited_ms}
 
     def cached_items(self) -> list[str]:
         return self.host.cached_items()
+
+    def keep_snapshot(self) -> int:
+        return self.host.keep_snapshot()
+
+    def restore_snapshot(self) -> list[str]:
+        return self.host.restore_snapshot()
 
     def item_redis_keys(self, ids: list[str] | None = None) -> dict[str, str]:
         return self.host.item_redis_keys(ids)

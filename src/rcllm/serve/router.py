@@ -249,6 +249,20 @@ class RayBackend:
     def _on_all(self, method: str, *args) -> list[Any]:
         return self._actors.on_all(self.instances, self.health, method, *args)
 
+    # ---- a sweep's cells from one state of the stores (`bench serve --sweep --cell-reset`) --
+    def keep_snapshots(self) -> int:
+        """Each live instance saves what its stores hold now (`EngineHost.keep_snapshot`);
+        returns the entries saved over all."""
+        return sum(self._actors.get(i.index, "keep_snapshot") for i in self.instances
+                   if i.alive)
+
+    def restore_snapshots(self) -> None:
+        """Each live instance puts its snapshot back, and the router's picture of it becomes
+        what it holds then."""
+        for inst in self.instances:
+            if inst.alive:
+                inst.cached = set(self._actors.get(inst.index, "restore_snapshot"))
+
     def user_prefix_stats(self) -> dict[str, float] | None:
         """The user-prefix caches' counters summed over the usable instances (for /metrics)."""
         if self.residency is None:

@@ -49,6 +49,7 @@ the prewarms' engine time.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -301,7 +302,8 @@ def check_simulable(sweep: Mapping[str, Any]) -> None:
 
 class CacheReplay:
     """The sweep's cells in order on one set of simulated stores (`--routing caches`): built
-    from the placement and the warm-up once, then carried from cell to cell as served."""
+    from the placement and the warm-up once, then carried from cell to cell as served (or,
+    for a sweep run with `--cell-reset`, put back as the warm-up left them before each)."""
 
     def __init__(self, sweep: Mapping[str, Any], profile: SpeedProfile,
                  price: Callable[[str, float, float], float], build: Callable[[int], float]):
@@ -321,12 +323,16 @@ class CacheReplay:
                                  len(self.caches.stores), self.caches.tokens)
         self.pictures.check([str(c.get("policy")) for c in sweep["cells"]])
         self.day = 0
+        # `bench serve --sweep --cell-reset`: each cell from the stores the warm-up left
+        self.after_warm = copy.deepcopy(self.caches) if sweep.get("cell_reset") else None
 
     def cell(self, c: Mapping[str, Any], scale: float = 1.0,
              busy_slowdown: float | Mapping[str, float] = 1.0, cores: float | None = None,
              builder_weight: float = 1.0) -> tuple[np.ndarray, np.ndarray, dict]:
         """The next cell: predicted TTFT and service (ms), and its hit figures."""
         self.day += 1                # the sweep redates its trace by a day per cell
+        if self.after_warm is not None:
+            self.caches = copy.deepcopy(self.after_warm)
         self.pictures.new_cell(f"day{self.day}", series_ratios(self.sweep, c)
                                if self.sweep.get("router_prices_ratios") else None)
         setup = CellSetup(routing_policy(c["policy"], self.cost, w_idle=self.w_idle),
