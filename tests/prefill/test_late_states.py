@@ -105,9 +105,11 @@ def test_an_instance_imports_the_states_with_the_kv(tiny_loaded, workload, monke
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_an_entry_without_states_is_joined_from_recomputed_ones(tiny_loaded, workload):
-    """Built for another method, then served by `late`: the states are recomputed once per
-    chunk (kept in the builder) and the scores equal those of entries built for `late`."""
+def test_a_build_for_another_method_keeps_the_states_beside_the_store(tiny_loaded, workload,
+                                                                      monkeypatch):
+    """Built for another method (its entries hold KV only), then served by `late`: the
+    states the build computed are kept in the builder, so no request recomputes them, and
+    the scores equal those of entries built for `late`."""
     ds, cases = workload
     items = sorted({c for case in cases for c in case.candidates})
     late = _engine(tiny_loaded, ds)
@@ -115,6 +117,26 @@ def test_an_entry_without_states_is_joined_from_recomputed_ones(tiny_loaded, wor
     plain = _engine(tiny_loaded, ds, method="naive")
     plain.build_items(items)
     assert chunks_mod.STATES_KEPT > len(items)
+    _no_recompute(monkeypatch)
     for case in cases:
         np.testing.assert_allclose(_scores(plain, case), _scores(late, case),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_an_entry_without_states_is_joined_from_recomputed_ones(tiny_loaded, workload):
+    """An entry that reached this engine without states (an export from a build for another
+    method) has them recomputed once, and scores as one built here for `late`."""
+    ds, cases = workload
+    items = sorted({c for case in cases for c in case.candidates})
+    late = _engine(tiny_loaded, ds)
+    late.build_items(items)
+    plain = EngineHost(_engine(tiny_loaded, ds, method="naive"))
+    plain.build_items(items)
+    rows, _ = plain.export_items(items)
+    assert all(len(row) == 3 for row in rows.values())
+    importer = EngineHost(_engine(tiny_loaded, ds))
+    with importer.lock:
+        importer.store_rows(rows)
+    for case in cases:
+        np.testing.assert_allclose(_scores(importer.engine, case), _scores(late, case),
                                    rtol=1e-5, atol=1e-5)

@@ -24,7 +24,7 @@ from ..kvstore.base import ChunkKV, KVStore, chunk_key
 from ..model.transformer import Transformer
 
 CHUNK_KINDS = ("history", "item")
-STATES_KEPT = 65536  # entering states recomputed for entries without them (37 KB a chunk)
+STATES_KEPT = 65536  # entering states kept beside the store (Magazine: 37 KB a chunk)
 
 
 class ChunkBuilder:
@@ -42,7 +42,7 @@ class ChunkBuilder:
         # (computed, context tokens, ms) of the latest builds, on whichever thread ran them: what
         # a build costs, for the simulator's price of the work behind an answer
         self.timings: deque = deque(maxlen=4096)
-        self._states: dict = {}  # (chunk key, layer) → states recomputed by `states`
+        self._states: dict = {}  # (chunk key, layer) → states kept beside the store
         self._states_lock = threading.Lock()
 
     def context(self, kind: str, mode: str):
@@ -63,8 +63,9 @@ class ChunkBuilder:
         """[len(ids), d]: the chunk's hidden states entering `layer` in the pass that builds its
         KV (after its kind's context): the `late` method starts the chunk's tokens there in a
         prompt. A build for `late` carries them on its entry (`ChunkKV.states`, through every
-        tier); this recomputes them for an entry without them (built for another method or
-        depth), kept per chunk and layer (up to STATES_KEPT; the oldest go first)."""
+        tier); a build for another method keeps them here, per chunk and layer (up to
+        STATES_KEPT; the oldest go first); an entry without either (another depth, another
+        process's build) has them recomputed and kept here."""
         key = (self.key(kind, ids, reuse), layer)
         with self._states_lock:
             got = self._states.get(key)
@@ -112,7 +113,7 @@ class ChunkBuilder:
             states: list = []
             (k, v), = blocks_kv(self.model, ctx[0], ctx[1], [list(ids)], layer, states)
             self._timed(len(ids), kind, reuse, t0)
-            return ChunkKV(tuple(ids), k, v, states[0], layer)
+            return self._entry(kind, ids, reuse, k, v, states[0], layer)
         t = torch.tensor(ids, device=self.model.device)
         out = self.model.forward(t, ctx[0] if ctx else None, ctx[1] if ctx else None,
                                  return_kv=True, logits=False)
@@ -120,11 +121,20 @@ class ChunkBuilder:
         return ChunkKV(tuple(ids), out["k"], out["v"])
 
     def _late_layer(self, kind: str, reuse: ReuseConfig | None) -> int | None:
-        """The layer whose entering states an item build carries on its entry (the `late`
-        method's `reuse.late_layer`, when it is inside the model), else None."""
-        r = reuse or self.reuse
-        inside = 0 < r.late_layer < self.model.arch.num_layers
-        return r.late_layer if kind == "item" and r.method == "late" and inside else None
+        """The layer whose entering states an item build also computes (`reuse.late_layer`,
+        when it is inside the model), else None."""
+        layer = (reuse or self.reuse).late_layer
+        return layer if kind == "item" and 0 < layer < self.model.arch.num_layers else None
+
+    def _entry(self, kind: str, ids: Sequence[int], reuse: ReuseConfig | None, k, v,
+               h: torch.Tensor, layer: int) -> ChunkKV:
+        """A built item's entry: a build for `late` carries its states (through every tier);
+        another method's keeps them beside the store in this process (`states`), so its
+        byte budget holds KV only and a later `late` request still finds them."""
+        if (reuse or self.reuse).method == "late":
+            return ChunkKV(tuple(ids), k, v, h, layer)
+        self._keep_state(self.key(kind, ids, reuse), layer, h)
+        return ChunkKV(tuple(ids), k, v)
 
     def _keep_state(self, key, layer: int, h: torch.Tensor) -> None:
         with self._states_lock:
@@ -163,7 +173,8 @@ class ChunkBuilder:
         self._timed(sum(len(ids) for ids in chunks), kind, reuse, t0)
         if layer is None:
             return [ChunkKV(tuple(ids), k, v) for ids, (k, v) in zip(chunks, kv)]
-        return [ChunkKV(tuple(ids), k, v, h, layer) for ids, (k, v), h in zip(chunks, kv, states)]
+        return [self._entry(kind, ids, reuse, k, v, h, layer)
+                for ids, (k, v), h in zip(chunks, kv, states)]
 
     def build_behind(self, misses: Sequence[tuple[str, Sequence[int]]], reuse: ReuseConfig
                      ) -> list[tuple[int, int]]:
